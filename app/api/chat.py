@@ -1,0 +1,44 @@
+"""``/v1/chat/completions`` and ``/v1/models``."""
+
+from __future__ import annotations
+
+from litestar import Controller, Request, Response, get, post
+from litestar.response import Stream
+
+from app.api.protocol import cache_directives, parse_chat_request
+from app.errors import InvalidRequest
+from app.lifespan import Resources
+from app.pipeline import ChatCall
+
+CATEGORY_HEADER = "x-cache-category"
+DEFAULT_TENANT = "default"
+
+
+class ChatController(Controller):
+    path = "/v1"
+
+    @post("/chat/completions", status_code=200)
+    async def chat_completions(self, request: Request, resources: Resources) -> Response[bytes] | Stream:
+        """Create a chat completion (OpenAI-compatible), served from the cache when possible."""
+        chat_request, raw = parse_chat_request(await request.body())
+        category_name = request.headers.get(CATEGORY_HEADER)
+        category = resources.policy.get(category_name)
+        if category is None:
+            known = ", ".join(sorted(resources.policy.categories))
+            raise InvalidRequest(
+                f"unknown cache category {category_name!r}; known: {known}", param="X-Cache-Category", code="unknown_category"
+            )
+        lookup, store = cache_directives(request.headers.get("cache-control"))
+        call = ChatCall(
+            request=chat_request, raw=raw, tenant=DEFAULT_TENANT, category=category, lookup=lookup, store=store
+        )
+        result = await resources.pipeline.handle(call)
+        if result.stream is not None:
+            headers = {**result.headers, "Cache-Control": "no-cache"}
+            return Stream(result.stream, media_type="text/event-stream", headers=headers)
+        return Response(content=result.body or b"", media_type="application/json", headers=result.headers)
+
+    @get("/models")
+    async def models(self, resources: Resources) -> Response[bytes]:
+        """The upstream's model list, passed through."""
+        return Response(content=await resources.upstream.models(), media_type="application/json")

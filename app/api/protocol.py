@@ -1,0 +1,76 @@
+"""Parsing and validating what clients send; the only place request bodies are decoded."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import msgspec
+
+from app.errors import InvalidRequest
+from app.wire import ChatCompletionRequest, json_decoder
+
+_PATH = re.compile(r"at `\$\.?(?P<path>[^`]*)`")
+_MISSING = re.compile(r"missing required field `(?P<field>[^`]+)`")
+# Roles whose messages must carry non-empty content.
+_CONTENT_REQUIRED = frozenset({"system", "developer", "user", "tool", "function"})
+
+
+def _param(error: msgspec.ValidationError) -> str | None:
+    """The field a msgspec validation error points at, as OpenAI names it (``messages[0].role``)."""
+    text = str(error)
+    path_match = _PATH.search(text)
+    path = path_match.group("path") if path_match else ""
+    missing = _MISSING.search(text)
+    if missing:
+        path = f"{path}.{missing.group('field')}" if path else missing.group("field")
+    return path or None
+
+
+def parse_chat_request(body: bytes) -> tuple[ChatCompletionRequest, dict[str, Any]]:
+    """Decode and validate a chat completion request body.
+
+    Args:
+        body: The raw request body.
+
+    Returns:
+        The validated request, and the decoded body with every field (for pass-through).
+
+    Raises:
+        InvalidRequest: The body is not JSON, not an object, or a field is missing or wrong.
+    """
+    try:
+        raw = json_decoder.decode(body)
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"the request body is not valid JSON: {exc}", code="invalid_json") from exc
+    if not isinstance(raw, dict):
+        raise InvalidRequest("the request body must be a JSON object", code="invalid_json")
+    try:
+        request = msgspec.convert(raw, ChatCompletionRequest)
+    except msgspec.ValidationError as exc:
+        param = _param(exc)
+        raise InvalidRequest(f"invalid request: {exc}", param=param, code="invalid_value") from exc
+    for index, message in enumerate(request.messages):
+        content = message.content
+        field = f"messages[{index}].content"
+        if isinstance(content, str) and not content.strip():
+            raise InvalidRequest(f"`{field}` must not be empty", param=field, code="empty_content")
+        if isinstance(content, list) and (
+            not content or all(part.type == "text" and not (part.text or "").strip() for part in content)
+        ):
+            raise InvalidRequest(f"`{field}` must not be empty", param=field, code="empty_content")
+        if content is None and (message.role in _CONTENT_REQUIRED or not message.tool_calls):
+            raise InvalidRequest(f"`{field}` is required for role `{message.role}`", param=field, code="empty_content")
+    return request, raw
+
+
+def cache_directives(header: str | None) -> tuple[bool, bool]:
+    """Read ``Cache-Control``: returns (may look up, may store)."""
+    if not header:
+        return True, True
+    tokens = {token.strip().lower() for token in header.split(",")}
+    if "no-store" in tokens:
+        return False, False
+    if "no-cache" in tokens:
+        return False, True
+    return True, True

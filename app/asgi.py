@@ -1,0 +1,41 @@
+"""The ASGI application: the one place where things are wired together."""
+
+from __future__ import annotations
+
+import logging
+
+from litestar import Litestar, Request
+from litestar.datastructures import State
+from litestar.di import Provide
+
+from app.api.admin import AdminController
+from app.api.chat import ChatController
+from app.api.health import HealthController
+from app.errors import EXCEPTION_HANDLERS
+from app.lifespan import Resources, build_resources, lifespan
+from app.settings import Settings
+
+
+def _resources(request: Request) -> Resources:
+    return request.app.state.resources
+
+
+def create_app(settings: Settings | None = None) -> Litestar:
+    """Build the Strata app.
+
+    Args:
+        settings: The settings; read from the environment when omitted.
+
+    Returns:
+        The Litestar application; its resources are built when it starts.
+    """
+    settings = settings or Settings.from_env()
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return Litestar(
+        route_handlers=[ChatController, AdminController, HealthController],
+        dependencies={"resources": Provide(_resources, sync_to_thread=False)},
+        exception_handlers=EXCEPTION_HANDLERS,
+        lifespan=[lifespan],
+        state=State({"resources_factory": lambda: build_resources(settings)}),
+        request_max_body_size=settings.max_body_bytes,
+    )

@@ -1,0 +1,1 @@
+"""Cache layers. Each one follows the contract in :mod:`app.cache.base`."""

@@ -1,0 +1,175 @@
+"""Key layout, field names and the canonical form of a request: the one place they are defined.
+
+Redis key layout (every name readable with ``redis-cli``)::
+
+    strata:meta:version            STRING  current version number N; the tag is "vN"
+    strata:vN:exact:<sha256>       HASH    L1 entry (fields below), TTL from the category
+    strata:vN:sem:<sha256>         HASH    L2 entry, indexed by the RediSearch index strata:vN:sem
+
+Prefixes end with ``:`` and none is a prefix of another (``strata:v1:sem:`` does not match
+``strata:v10:sem:``), because RediSearch matches index prefixes as plain string prefixes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import unicodedata
+from typing import Any
+
+import msgspec
+
+from app.wire import ChatCompletionRequest, ContentPart
+
+NAMESPACE = "strata"
+VERSION_KEY = f"{NAMESPACE}:meta:version"
+
+# Hash fields, shared by the exact and the semantic layers.
+FIELD_QUESTION = "question"
+FIELD_ANSWER = "answer"
+FIELD_MODEL = "model"
+FIELD_TENANT = "tenant"
+FIELD_CATEGORY = "category"
+FIELD_SCOPE = "scope"
+FIELD_CREATED_AT = "created_at"
+FIELD_EXPIRES_AT = "expires_at"
+FIELD_HITS = "hits"
+FIELD_EMBEDDING = "embedding"
+
+# Request fields that never change what the model answers: left out of keys and scopes.
+NON_OUTPUT_FIELDS = frozenset(
+    {"stream", "stream_options", "user", "request_id", "metadata", "store", "service_tier", "priority"}
+)
+# Fields that carry the conversation or are normalised separately.
+_STRUCTURAL_FIELDS = frozenset({"model", "messages", "max_tokens", "max_completion_tokens"})
+# Numeric fields whose JSON spelling (1 vs 1.0) must not change the key.
+_FLOAT_FIELDS = frozenset({"temperature", "top_p", "frequency_penalty", "presence_penalty", "min_p"})
+
+_key_encoder = msgspec.json.Encoder(order="deterministic")
+
+
+def version_tag(version: int) -> str:
+    return f"v{version}"
+
+
+def exact_prefix(tag: str) -> str:
+    return f"{NAMESPACE}:{tag}:exact:"
+
+
+def semantic_prefix(tag: str) -> str:
+    return f"{NAMESPACE}:{tag}:sem:"
+
+
+def semantic_index_name(tag: str) -> str:
+    return f"{NAMESPACE}:{tag}:sem"
+
+
+def normalize_text(text: str) -> str:
+    """NFKC and trimmed: full-width and half-width forms, stray spaces, compare equal."""
+    return unicodedata.normalize("NFKC", text).strip()
+
+
+def _normalize_content(content: str | list[ContentPart] | None) -> Any:
+    if content is None or isinstance(content, str):
+        return None if content is None else normalize_text(content)
+    return [
+        {"type": part.type, "text": normalize_text(part.text)} if part.text is not None else msgspec.to_builtins(part)
+        for part in content
+    ]
+
+
+def _normalize_message(message: Any) -> dict[str, Any]:
+    normalized: dict[str, Any] = {"role": message.role, "content": _normalize_content(message.content)}
+    if message.name is not None:
+        normalized["name"] = message.name
+    if message.tool_calls is not None:
+        normalized["tool_calls"] = message.tool_calls
+    if message.tool_call_id is not None:
+        normalized["tool_call_id"] = message.tool_call_id
+    return normalized
+
+
+def text_of(content: str | list[ContentPart] | None) -> str | None:
+    """The plain text of a message, or ``None`` when it has non-text parts."""
+    if content is None or isinstance(content, str):
+        return content
+    if any(part.type != "text" or part.text is None for part in content):
+        return None
+    return "\n".join(part.text for part in content if part.text is not None)
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(_key_encoder.encode(value)).hexdigest()
+
+
+class CanonicalRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """What decides the answer, normalised; everything else in a request is ignored by keys.
+
+    Attributes:
+        tenant: The tenant the request belongs to.
+        model: The requested model.
+        params: Every output-affecting parameter, ``max_tokens`` as actually sent upstream.
+        system: The leading system and developer messages.
+        history: Every message after those and before the last one, in order.
+        last: The last message.
+        question: The normalised text of the last message when it is a user's text question.
+    """
+
+    tenant: str
+    model: str
+    params: dict[str, Any]
+    system: list[dict[str, Any]]
+    history: list[dict[str, Any]]
+    last: dict[str, Any]
+    question: str | None
+
+    @property
+    def exact_digest(self) -> str:
+        """sha256 of the whole canonical request: the L1 key suffix."""
+        return _digest(self)
+
+    @property
+    def scope_digest(self) -> str:
+        """sha256 of everything but the last question: what a semantic match must share."""
+        return _digest([self.tenant, self.model, self.params, self.system, self.history])
+
+
+def canonicalize(
+    request: ChatCompletionRequest, raw: dict[str, Any], *, tenant: str, max_tokens: int
+) -> CanonicalRequest:
+    """Build the canonical form of a validated request.
+
+    Args:
+        request: The validated request.
+        raw: The request as received, holding the pass-through fields too.
+        tenant: The tenant the request is served for.
+        max_tokens: The effective ``max_tokens`` after defaults and the cap.
+
+    Returns:
+        The canonical request; equal for requests that must share a cache entry.
+    """
+    params: dict[str, Any] = {"max_tokens": max_tokens}
+    for name, value in raw.items():
+        if name in NON_OUTPUT_FIELDS or name in _STRUCTURAL_FIELDS or value is None:
+            continue
+        params[name] = float(value) if name in _FLOAT_FIELDS and isinstance(value, int) else value
+    messages = [_normalize_message(m) for m in request.messages]
+    # The leading system/developer messages form the (shared, prefix-cached) system prompt;
+    # everything after them, in order, is the conversation so far.
+    leading = 0
+    while leading < len(messages) - 1 and messages[leading]["role"] in ("system", "developer"):
+        leading += 1
+    system, history = messages[:leading], messages[leading:-1]
+    last_message = request.messages[-1]
+    question = None
+    if last_message.role == "user":
+        text = text_of(last_message.content)
+        question = normalize_text(text) if text is not None else None
+    return CanonicalRequest(
+        tenant=tenant,
+        model=request.model,
+        params=params,
+        system=system,
+        history=history,
+        last=messages[-1],
+        question=question,
+    )

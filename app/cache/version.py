@@ -1,0 +1,90 @@
+"""The version tag: part of every key and index name; bumping it invalidates everything at once.
+
+The current number lives in Redis (``strata:meta:version``) so every worker agrees on it.
+Each worker keeps the last value it saw; the exact layer's lookup script checks it against
+Redis atomically on every request, so a bump takes effect on the very next request without
+an extra round trip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from redis.asyncio import Redis
+
+from app.cache.keys import NAMESPACE, VERSION_KEY, version_tag
+
+logger = logging.getLogger("strata.version")
+
+
+class VersionTag:
+    """The current cache version of one Redis database."""
+
+    def __init__(self, redis: Redis) -> None:
+        self._redis = redis
+        self._number: int | None = None
+
+    @property
+    def known(self) -> str | None:
+        """The tag last seen, without asking Redis ("v3"), or ``None`` before the first read."""
+        return None if self._number is None else version_tag(self._number)
+
+    def observe(self, raw: bytes | str | int | None) -> str | None:
+        """Record a version number read from Redis by someone else; returns its tag."""
+        if raw is None:
+            self._number = None
+            return None
+        self._number = int(raw)
+        return version_tag(self._number)
+
+    async def refresh(self) -> str:
+        """Read the version from Redis, creating version 1 on a fresh database."""
+        await self._redis.set(VERSION_KEY, 1, nx=True)
+        tag = self.observe(await self._redis.get(VERSION_KEY))
+        assert tag is not None
+        return tag
+
+    async def bump(self) -> tuple[str, str]:
+        """Move to the next version; returns the (previous, new) tags."""
+        await self._redis.set(VERSION_KEY, 1, nx=True)
+        new = await self._redis.incr(VERSION_KEY)
+        self._number = new
+        return version_tag(new - 1), version_tag(new)
+
+
+async def sweep_stale_versions(redis: Redis, current: str, *, batch: int = 500) -> int:
+    """Delete the keys and drop the indexes of every version other than ``current``.
+
+    Runs in the background after a bump and at start-up. Entries would expire by TTL anyway;
+    this returns their memory sooner. Indexes are dropped with their documents (``DD``).
+
+    Args:
+        redis: The Redis connection.
+        current: The tag to keep ("v3").
+        batch: Keys unlinked per round trip.
+
+    Returns:
+        How many keys were deleted (documents dropped with an index not included).
+    """
+    keep = f"{NAMESPACE}:{current}:"
+    for raw_name in await redis.execute_command("FT._LIST"):
+        name = raw_name.decode() if isinstance(raw_name, bytes) else raw_name
+        if name.startswith(f"{NAMESPACE}:v") and not (name + ":").startswith(keep):
+            logger.info("dropping stale index %s with its documents", name)
+            await redis.execute_command("FT.DROPINDEX", name, "DD")
+    deleted = 0
+    pending: list[bytes] = []
+    async for key in redis.scan_iter(match=f"{NAMESPACE}:v*", count=1000):
+        if key.decode().startswith(keep):
+            continue
+        pending.append(key)
+        if len(pending) >= batch:
+            deleted += await redis.unlink(*pending)
+            pending.clear()
+            await asyncio.sleep(0)  # let requests through between batches
+    if pending:
+        deleted += await redis.unlink(*pending)
+    if deleted:
+        logger.info("swept %d keys of stale versions (kept %s)", deleted, current)
+    return deleted

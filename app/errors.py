@@ -1,0 +1,123 @@
+"""Every error Strata answers with, mapped in one place to OpenAI's ``{"error": {...}}`` shape."""
+
+from __future__ import annotations
+
+import logging
+
+from litestar import Request, Response
+from litestar.exceptions import HTTPException
+from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
+
+from app.wire import ErrorDetail, ErrorResponse, json_encoder
+
+logger = logging.getLogger("strata.errors")
+
+
+class StrataError(Exception):
+    """An error with an OpenAI-shaped body and an HTTP status."""
+
+    status_code: int = 400
+    error_type: str = "invalid_request_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        status_code: int | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+        if status_code is not None:
+            self.status_code = status_code
+
+
+class InvalidRequest(StrataError):
+    status_code = 400
+
+
+class Unauthorized(StrataError):
+    status_code = 401
+    error_type = "authentication_error"
+
+
+class Forbidden(StrataError):
+    status_code = 403
+    error_type = "permission_error"
+
+
+class NotFound(StrataError):
+    status_code = 404
+    error_type = "not_found_error"
+
+
+class UpstreamUnavailable(StrataError):
+    """The model server could not be reached or answered with a server error."""
+
+    status_code = 502
+    error_type = "upstream_error"
+
+
+class UpstreamTimeout(StrataError):
+    status_code = 504
+    error_type = "upstream_timeout"
+
+
+class UpstreamRejected(StrataError):
+    """The model server refused the request (4xx); its status and message are passed on."""
+
+    error_type = "invalid_request_error"
+
+
+def error_body(status_code: int, message: str, error_type: str, param: str | None, code: str | None) -> bytes:
+    return json_encoder.encode(
+        ErrorResponse(error=ErrorDetail(message=message, type=error_type, param=param, code=code))
+    )
+
+
+def _response(status_code: int, body: bytes, headers: dict[str, str] | None = None) -> Response[bytes]:
+    return Response(content=body, status_code=status_code, media_type="application/json", headers=headers)
+
+
+def strata_error_handler(_: Request, exc: StrataError) -> Response[bytes]:
+    body = error_body(exc.status_code, exc.message, exc.error_type, exc.param, exc.code)
+    return _response(exc.status_code, body, exc.headers)
+
+
+_HTTP_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+}
+
+
+def http_error_handler(_: Request, exc: HTTPException) -> Response[bytes]:
+    """Litestar's own errors (404, 405, 413, ...) in OpenAI's shape."""
+    status = exc.status_code
+    if status >= 500:
+        logger.error("server error: %s", exc.detail)
+    error_type = _HTTP_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+    message = exc.detail if isinstance(exc.detail, str) and exc.detail else "request failed"
+    return _response(status, error_body(status, message, error_type, None, None), exc.headers)
+
+
+def unexpected_error_handler(request: Request, exc: Exception) -> Response[bytes]:
+    """A bug: log it with the traceback, answer 500 without leaking internals."""
+    logger.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    body = error_body(HTTP_500_INTERNAL_SERVER_ERROR, "internal error", "server_error", None, None)
+    return _response(HTTP_500_INTERNAL_SERVER_ERROR, body)
+
+
+EXCEPTION_HANDLERS = {
+    StrataError: strata_error_handler,
+    HTTPException: http_error_handler,
+    Exception: unexpected_error_handler,
+}

@@ -1,0 +1,48 @@
+"""Prometheus instruments, one set per app instance (so tests can build several apps)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+# Latency buckets from sub-millisecond cache hits to long generations.
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class Metrics:
+    """The service's counters and histograms.
+
+    Attributes:
+        requests: Chat requests by cache outcome (exact-hit, semantic-hit, miss, bypass, error).
+        lookups: Cache lookups by layer and result (hit, miss, error).
+        latency: Request latency by outcome.
+        upstream_requests: Calls to the model server by result.
+        upstream_tokens: Tokens the model server reported, by kind (prompt, completion).
+        cache_errors: Failed cache operations by layer and operation; each was treated as a miss.
+        stores: Answers written back, by layer and result (stored, skipped).
+        verifications: Semantic candidates by verification decision and reason.
+    """
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("strata_requests", "Chat requests by cache outcome", ["outcome"], registry=r)
+        self.lookups = Counter("strata_cache_lookups", "Cache lookups by layer and result", ["layer", "result"], registry=r)
+        self.latency = Histogram(
+            "strata_request_duration_seconds", "Request latency by outcome", ["outcome"],
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )
+        self.upstream_requests = Counter("strata_upstream_requests", "Calls to the model server", ["result"], registry=r)
+        self.upstream_tokens = Counter("strata_upstream_tokens", "Tokens reported by the model server", ["kind"], registry=r)
+        self.cache_errors = Counter(
+            "strata_cache_errors", "Failed cache operations (each treated as a miss)", ["layer", "operation"], registry=r
+        )
+        self.stores = Counter("strata_cache_stores", "Answers written back by layer and result", ["layer", "result"], registry=r)
+        self.verifications = Counter(
+            "strata_semantic_verifications", "Semantic candidates by decision and reason", ["decision", "reason"], registry=r
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,76 @@
+"""Content categories from ``schemas/policy.yaml``: TTL and semantic-match policy per category."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated
+
+import msgspec
+import yaml
+from msgspec import Meta
+
+CATEGORY_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+Similarity = Annotated[float, Meta(ge=-1.0, le=1.0)]
+
+
+class SemanticPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """When the semantic layer may serve a cached answer; all values are cosine similarity."""
+
+    enabled: bool = True
+    threshold: Similarity = 0.90
+    accept_above: Similarity = 0.99
+    strict: bool = True
+
+    def __post_init__(self) -> None:
+        if self.accept_above < self.threshold:
+            raise ValueError("semantic.accept_above must be >= semantic.threshold")
+
+
+class CategoryPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    name: str = ""
+    description: str = ""
+    ttl_seconds: Annotated[int, Meta(ge=1, le=30 * 86400)]
+    semantic: SemanticPolicy = SemanticPolicy()
+
+
+class _PolicyFile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    default_category: str
+    categories: dict[str, CategoryPolicy]
+
+
+class Policy(msgspec.Struct, frozen=True, kw_only=True):
+    """All categories, and the one used when a request names none."""
+
+    default_category: str
+    categories: dict[str, CategoryPolicy]
+
+    def get(self, name: str | None) -> CategoryPolicy | None:
+        """The named category, the default one for ``None``, or ``None`` when unknown."""
+        return self.categories.get(self.default_category if name is None else name)
+
+    @classmethod
+    def load(cls, path: Path) -> Policy:
+        """Read and validate a policy file.
+
+        Args:
+            path: The YAML policy file.
+
+        Returns:
+            The policy, each category carrying its own name.
+
+        Raises:
+            ValueError: The file is missing, malformed or inconsistent.
+        """
+        try:
+            raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+            parsed = msgspec.convert(raw, _PolicyFile)
+        except (OSError, yaml.YAMLError, msgspec.ValidationError) as exc:
+            raise ValueError(f"policy file {path}: {exc}") from exc
+        for name in parsed.categories:
+            if not CATEGORY_NAME.match(name):
+                raise ValueError(f"policy file {path}: category name {name!r} must match {CATEGORY_NAME.pattern}")
+        if parsed.default_category not in parsed.categories:
+            raise ValueError(f"policy file {path}: default_category {parsed.default_category!r} is not defined")
+        categories = {name: msgspec.structs.replace(c, name=name) for name, c in parsed.categories.items()}
+        return cls(default_category=parsed.default_category, categories=categories)

