@@ -117,7 +117,7 @@ class ChatPipeline:
             query = await self._query(canonical, call.category)
 
         if query is not None and call.lookup:
-            hit, available = await self._lookup(query)
+            query, hit, available = await self._lookup(query)
             if hit is not None:
                 return self._serve_hit(hit, request, started)
             if not available:
@@ -140,8 +140,13 @@ class ChatPipeline:
                 return None
         return CacheQuery(canonical=canonical, category=category, version=version)
 
-    async def _lookup(self, query: CacheQuery) -> tuple[CacheHit | None, bool]:
-        """Ask each layer in turn. Returns the hit, and whether the cache was available."""
+    async def _lookup(self, query: CacheQuery) -> tuple[CacheQuery, CacheHit | None, bool]:
+        """Ask each layer in turn.
+
+        Returns:
+            The query as finally used (its version may have moved on), the hit, and whether
+            the cache was available.
+        """
         for layer in self._layers:
             try:
                 try:
@@ -153,11 +158,11 @@ class ChatPipeline:
                     hit = await layer.lookup(query)
             except CACHE_ERRORS as exc:
                 self._cache_failed(layer.name, "lookup", exc)
-                return None, False
+                return query, None, False
             self._metrics.lookups.labels(layer.name, "hit" if hit else "miss").inc()
             if hit is not None:
-                return hit, True
-        return None, True
+                return query, hit, True
+        return query, None, True
 
     def _serve_hit(self, hit: CacheHit, request: ChatCompletionRequest, started: float) -> ChatResult:
         outcome = _HIT_OUTCOMES[hit.layer]

@@ -6,11 +6,11 @@ as received (after the ``max_tokens`` cap), so fields Strata does not know pass 
 
 from __future__ import annotations
 
+import importlib
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import openai
 
 from app.errors import StrataError, UpstreamRejected, UpstreamTimeout, UpstreamUnavailable
@@ -19,8 +19,11 @@ from app.wire import completion_decoder
 
 logger = logging.getLogger("strata.upstream")
 
-SSE_DATA = b"data:"
 SSE_DONE = b"[DONE]"
+
+# The HTTP library the SDK is built on: httpx, or its fork httpx2 in SDK 3.x. Mid-stream
+# transport errors surface as its exceptions, not as openai errors.
+_http = importlib.import_module(openai.DefaultAsyncHttpxClient.__mro__[1].__module__.split(".")[0])
 
 
 def _translate(exc: openai.OpenAIError) -> StrataError:
@@ -50,7 +53,7 @@ class Upstream:
     """An OpenAI-compatible model server (vLLM)."""
 
     def __init__(self, settings: Settings) -> None:
-        timeout = httpx.Timeout(settings.upstream_timeout_s, connect=settings.upstream_connect_timeout_s)
+        timeout = _http.Timeout(settings.upstream_timeout_s, connect=settings.upstream_connect_timeout_s)
         self._client = openai.AsyncOpenAI(
             base_url=settings.upstream_url,
             api_key=settings.upstream_api_key,
@@ -114,9 +117,9 @@ class Upstream:
                     yield payload
         except openai.OpenAIError as exc:
             raise _translate(exc) from exc
-        except httpx.TimeoutException as exc:
+        except _http.TimeoutException as exc:
             raise UpstreamTimeout("the model server stopped answering mid-stream") from exc
-        except httpx.HTTPError as exc:
+        except _http.HTTPError as exc:
             raise UpstreamUnavailable(f"the model server stream broke: {exc}") from exc
 
     async def models(self) -> bytes:

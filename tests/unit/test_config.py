@@ -1,0 +1,48 @@
+"""Settings from the environment and the category policy file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.policy import Policy
+from app.settings import PROJECT_ROOT, Settings
+
+
+def test_settings_read_typed_values_from_the_environment() -> None:
+    settings = Settings.from_env({"STRATA_PORT": "9090", "STRATA_SEMANTIC_ENABLED": "false",
+                                  "STRATA_REDIS_TIMEOUT_S": "0.5", "STRATA_ADMIN_TOKEN": "", "OTHER": "x"})
+    assert settings.port == 9090 and settings.semantic_enabled is False and settings.redis_timeout_s == 0.5
+    assert settings.admin_token is None
+    assert Settings.from_env({}).port == 8080
+
+
+def test_settings_reject_values_of_the_wrong_type() -> None:
+    with pytest.raises(ValueError, match="STRATA_"):
+        Settings.from_env({"STRATA_PORT": "eighty"})
+
+
+def test_the_shipped_policy_has_the_three_categories() -> None:
+    policy = Policy.load(PROJECT_ROOT / "schemas" / "policy.yaml")
+    assert policy.default_category == "business" and policy.get(None).name == "business"
+    assert {"business", "faq", "general"} <= set(policy.categories)
+    business, faq, general = (policy.categories[n] for n in ("business", "faq", "general"))
+    assert 600 <= business.ttl_seconds <= 3600
+    assert faq.ttl_seconds >= 3600 and general.ttl_seconds >= 86400
+    assert policy.get("nope") is None
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("default_category: a\ncategories: {}\n", "not defined"),
+    ("default_category: a\ncategories:\n  a: {ttl_seconds: 0}\n", "ttl_seconds"),
+    ("default_category: A\ncategories:\n  A: {ttl_seconds: 5}\n", "must match"),
+    ("default_category: a\ncategories:\n  a: {ttl_seconds: 5, semantic: {threshold: 0.9, accept_above: 0.8}}\n", "accept_above"),
+    ("default_category: a\ncategories:\n  a: {ttl_seconds: 5, typo: 1}\n", "typo"),
+    ("::: not yaml", "policy file"),
+])
+def test_bad_policy_files_are_rejected_with_the_reason(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        Policy.load(path)
