@@ -11,6 +11,7 @@ from litestar.di import Provide
 from app.api.admin import AdminController
 from app.api.chat import ChatController
 from app.api.health import HealthController
+from app.embed import Encoder
 from app.errors import EXCEPTION_HANDLERS
 from app.lifespan import Resources, build_resources, lifespan
 from app.settings import Settings
@@ -20,11 +21,12 @@ def _resources(request: Request) -> Resources:
     return request.app.state.resources
 
 
-def create_app(settings: Settings | None = None) -> Litestar:
+def create_app(settings: Settings | None = None, encoder: Encoder | None = None) -> Litestar:
     """Build the Strata app.
 
     Args:
         settings: The settings; read from the environment when omitted.
+        encoder: A loaded embedding model to share (tests); the configured one is loaded when omitted.
 
     Returns:
         The Litestar application; its resources are built when it starts.
@@ -36,6 +38,6 @@ def create_app(settings: Settings | None = None) -> Litestar:
         dependencies={"resources": Provide(_resources, sync_to_thread=False)},
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=[lifespan],
-        state=State({"resources_factory": lambda: build_resources(settings)}),
+        state=State({"resources_factory": lambda: build_resources(settings, encoder)}),
         request_max_body_size=settings.max_body_bytes,
     )

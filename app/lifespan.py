@@ -14,8 +14,12 @@ from redis.asyncio import Redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from app.cache.base import CacheLayer
 from app.cache.exact import ExactCache
+from app.cache.keys import semantic_index_name
+from app.cache.semantic import SemanticCache, adopt_embedder, index_dims
 from app.cache.version import VersionTag, sweep_stale_versions
+from app.embed import BatchingEmbedder, Encoder, load_encoder
 from app.metrics import Metrics
 from app.pipeline import CACHE_ERRORS, ChatPipeline
 from app.policy import Policy
@@ -36,6 +40,8 @@ class Resources:
     upstream: Upstream
     metrics: Metrics
     pipeline: ChatPipeline
+    semantic: SemanticCache | None = None
+    embedder: BatchingEmbedder | None = None
     background: set[asyncio.Task[Any]] = field(default_factory=set)
 
     def spawn(self, work: Coroutine[Any, Any, Any], name: str) -> None:
@@ -64,18 +70,60 @@ def connect_redis(settings: Settings) -> Redis:
     )
 
 
-def build_resources(settings: Settings) -> Resources:
+async def build_resources(settings: Settings, encoder: Encoder | None = None) -> Resources:
+    """Build every resource of one worker.
+
+    Args:
+        settings: The settings.
+        encoder: An already loaded embedding model to use instead of loading the configured one.
+    """
     policy = Policy.load(settings.resolve(settings.policy_file))
     redis = connect_redis(settings)
     versions = VersionTag(redis)
     upstream = Upstream(settings)
     metrics = Metrics()
-    layers = [ExactCache(redis)]
+    layers: list[CacheLayer] = [ExactCache(redis)]
+    semantic = embedder = None
+    if settings.semantic_enabled:
+        if encoder is None:
+            # Loading a model takes from under a second to several: keep the loop free meanwhile.
+            encoder = await asyncio.to_thread(load_encoder, settings.embedder, settings.embedder_model)
+        embedder = BatchingEmbedder(encoder, window_ms=settings.embed_batch_window_ms, max_batch=settings.embed_max_batch)
+
+        def count_verdict(verdict: Any) -> None:
+            metrics.verifications.labels("accept" if verdict.accepted else "reject", verdict.reason).inc()
+
+        semantic = SemanticCache(
+            redis, embedder, settings.resolve(settings.semantic_index_schema), on_verdict=count_verdict
+        )
+        layers.append(semantic)
     pipeline = ChatPipeline(settings=settings, versions=versions, layers=layers, upstream=upstream, metrics=metrics)
     return Resources(
         settings=settings, policy=policy, redis=redis, versions=versions,
-        upstream=upstream, metrics=metrics, pipeline=pipeline,
+        upstream=upstream, metrics=metrics, pipeline=pipeline, semantic=semantic, embedder=embedder,
     )
+
+
+async def reconcile_embedder(resources: Resources, current: str) -> str:
+    """Bump the version when the stored vectors come from another embedder or dimension.
+
+    Returns:
+        The version tag to use from now on.
+    """
+    semantic = resources.semantic
+    if semantic is None:
+        return current
+    embedder = semantic.embedder
+    fingerprint = f"{embedder.name}:{embedder.dims}"
+    previous = await adopt_embedder(resources.redis, fingerprint)
+    existing_dims = await index_dims(resources.redis, semantic_index_name(current))
+    if previous is None and existing_dims in (None, embedder.dims):
+        return current
+    logger.warning(
+        "embedder changed (%s -> %s, index dims %s): bumping the cache version", previous, fingerprint, existing_dims
+    )
+    _, new = await resources.versions.bump()
+    return new
 
 
 async def sweep_after(resources: Resources, current: str) -> None:
@@ -87,10 +135,11 @@ async def sweep_after(resources: Resources, current: str) -> None:
 
 @asynccontextmanager
 async def lifespan(app: Litestar) -> AsyncIterator[None]:
-    resources: Resources = app.state.resources_factory()
+    resources: Resources = await app.state.resources_factory()
     app.state.resources = resources
     try:
         current = await resources.versions.refresh()
+        current = await reconcile_embedder(resources, current)
     except CACHE_ERRORS as exc:
         # Start anyway: the service answers from the upstream until Redis is back.
         logger.warning("Redis is unavailable at start-up, serving without cache: %r", exc)
@@ -105,3 +154,5 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
         await asyncio.gather(*resources.background, return_exceptions=True)
         await resources.upstream.close()
         await resources.redis.aclose()
+        if resources.embedder is not None:
+            resources.embedder.close()

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 from redis.exceptions import RedisError
 
-from app.cache.base import CacheHit, CacheLayer, CacheQuery
+from app.cache.base import CacheHit, CacheLayer, CacheQuery, EmbeddingFailed
 from app.cache.exact import StaleVersion
 from app.cache.keys import canonicalize
 from app.cache.version import VersionTag
@@ -35,8 +35,8 @@ OUTCOME_MISS = "miss"
 OUTCOME_BYPASS = "bypass"
 _HIT_OUTCOMES = {"exact": OUTCOME_EXACT, "semantic": OUTCOME_SEMANTIC}
 
-# Cache-side failures: Redis errors and timeouts. Anything else is a bug and propagates.
-CACHE_ERRORS = (RedisError, OSError, TimeoutError)
+# Cache-side failures: Redis errors and timeouts, the embedder. Anything else is a bug and propagates.
+CACHE_ERRORS = (RedisError, OSError, TimeoutError, EmbeddingFailed)
 
 
 class ChatCall(msgspec.Struct, frozen=True, kw_only=True):
@@ -170,6 +170,8 @@ class ChatPipeline:
         headers = {"X-Cache": outcome}
         if hit.similarity is not None:
             headers["X-Cache-Similarity"] = f"{hit.similarity:.3f}"
+        if hit.reason is not None:
+            headers["X-Cache-Verdict"] = hit.reason
         self._finish(outcome, started)
         if request.stream:
             include_usage = bool(request.stream_options and request.stream_options.include_usage)
@@ -240,8 +242,17 @@ class ChatPipeline:
         """Write a complete answer to every layer; anything else is not cached."""
         choices = completion.get("choices") or []
         if not choices or any(c.get("finish_reason") != "stop" for c in choices):
-            for layer in self._layers:
-                self._metrics.stores.labels(layer.name, "skipped_incomplete").inc()
+            self._skip_store("skipped_incomplete")
+            return
+        # The answer took seconds to generate: if the cache was invalidated meanwhile, it was
+        # generated for a world that no longer holds, and must not be cached under any version.
+        try:
+            current = await self._versions.refresh()
+        except CACHE_ERRORS as exc:
+            self._cache_failed("version", "read", exc)
+            return
+        if current != query.version:
+            self._skip_store("skipped_stale_version")
             return
         for layer in self._layers:
             try:
@@ -252,6 +263,10 @@ class ChatPipeline:
             self._metrics.stores.labels(layer.name, "stored").inc()
 
     # --- bookkeeping -------------------------------------------------------------------------
+
+    def _skip_store(self, reason: str) -> None:
+        for layer in self._layers:
+            self._metrics.stores.labels(layer.name, reason).inc()
 
     def _cache_failed(self, layer: str, operation: str, exc: BaseException) -> None:
         logger.warning("cache %s %s failed, treated as a miss: %r", layer, operation, exc)

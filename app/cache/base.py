@@ -10,6 +10,10 @@ from app.cache.keys import CanonicalRequest
 from app.policy import CategoryPolicy
 
 
+class EmbeddingFailed(Exception):
+    """The embedding model failed; like a Redis failure, it costs a miss, not the request."""
+
+
 class CacheQuery(msgspec.Struct, frozen=True, kw_only=True):
     """One request as the cache layers see it.
 

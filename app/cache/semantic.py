@@ -1,0 +1,252 @@
+"""L2: the semantic layer. HNSW over question embeddings in Redis Stack, through redisvl.
+
+A cached answer can only serve a request of the same scope (tenant, model, system prompt,
+earlier turns, output parameters), enforced as a TAG pre-filter on the scope's sha256 in the
+KNN query: no client-controlled text ever reaches the query string. Only the last user message
+is embedded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import time
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Protocol
+
+import msgspec
+import numpy as np
+import yaml
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+from redisvl.index import AsyncSearchIndex
+from redisvl.query import VectorQuery
+from redisvl.query.filter import Tag
+
+from app.cache.base import CacheHit, CacheQuery, EmbeddingFailed
+from app.cache.keys import (
+    FIELD_ANSWER,
+    FIELD_CATEGORY,
+    FIELD_CREATED_AT,
+    FIELD_EMBEDDING,
+    FIELD_EXPIRES_AT,
+    FIELD_HITS,
+    FIELD_MODEL,
+    FIELD_QUESTION,
+    FIELD_SCOPE,
+    FIELD_TENANT,
+    NAMESPACE,
+    semantic_index_name,
+    semantic_prefix,
+)
+from app.embed import Embedder
+from app.policy import SemanticPolicy
+
+logger = logging.getLogger("strata.semantic")
+
+EMBEDDER_KEY = f"{NAMESPACE}:meta:embedder"
+DISTANCE_FIELD = "vector_distance"
+# Candidates compared per lookup: the best one that passes verification is served.
+CANDIDATES = 3
+
+
+class Verdict(msgspec.Struct, frozen=True):
+    accepted: bool
+    reason: str
+
+
+class Verifier(Protocol):
+    """Decides whether a cached question's answer may serve a new question."""
+
+    def verify(self, asked: str, cached: str, similarity: float, policy: SemanticPolicy) -> Verdict: ...
+
+
+class ThresholdVerifier:
+    """Cosine similarity against the category's threshold, nothing more."""
+
+    def verify(self, asked: str, cached: str, similarity: float, policy: SemanticPolicy) -> Verdict:
+        if similarity >= policy.threshold:
+            return Verdict(True, "above_threshold")
+        return Verdict(False, "below_threshold")
+
+
+class SemanticCache:
+    """Nearest cached question in the same scope, if similar enough and verified."""
+
+    name = "semantic"
+
+    def __init__(
+        self,
+        redis: Redis,
+        embedder: Embedder,
+        schema_path: Path,
+        verifier: Verifier | None = None,
+        *,
+        on_verdict: Any = None,
+        memo_size: int = 4096,
+    ) -> None:
+        self._redis = redis
+        self._embedder = embedder
+        self._schema_template = yaml.safe_load(schema_path.read_text(encoding="utf-8"))
+        self._verifier = verifier or ThresholdVerifier()
+        self._on_verdict = on_verdict
+        self._indexes: dict[str, AsyncSearchIndex] = {}
+        self._index_lock = asyncio.Lock()
+        # Recent question embeddings: the write-back after a miss reuses the lookup's vector.
+        self._memo: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._memo_size = memo_size
+
+    @property
+    def embedder(self) -> Embedder:
+        return self._embedder
+
+    def schema_for(self, tag: str) -> dict[str, Any]:
+        schema = copy.deepcopy(self._schema_template)
+        schema["index"]["name"] = semantic_index_name(tag)
+        schema["index"]["prefix"] = semantic_prefix(tag)
+        for field in schema["fields"]:
+            if field["name"] == FIELD_EMBEDDING:
+                field["attrs"]["dims"] = self._embedder.dims
+        return schema
+
+    async def index(self, tag: str) -> AsyncSearchIndex:
+        """The index of a version, created on first use (kept when it already exists)."""
+        index = self._indexes.get(tag)
+        if index is not None:
+            return index
+        async with self._index_lock:
+            index = self._indexes.get(tag)
+            if index is None:
+                index = AsyncSearchIndex.from_dict(self.schema_for(tag), redis_client=self._redis)
+                await index.create(overwrite=False)
+                logger.info("semantic index %s ready (%s, %d dims)", semantic_index_name(tag), self._embedder.name, self._embedder.dims)
+                self._indexes[tag] = index
+        return index
+
+    def forget_index(self, tag: str) -> None:
+        self._indexes.pop(tag, None)
+
+    async def vector(self, question: str) -> np.ndarray:
+        """The question's embedding (memoised).
+
+        Raises:
+            EmbeddingFailed: The model failed; the pipeline treats it as a cache failure.
+        """
+        cached = self._memo.get(question)
+        if cached is not None:
+            self._memo.move_to_end(question)
+            return cached
+        try:
+            vector = (await self._embedder.embed([question]))[0]
+        except Exception as exc:  # any model failure becomes a cache failure, never a 500
+            raise EmbeddingFailed(f"{self._embedder.name}: {exc!r}") from exc
+        self._memo[question] = vector
+        if len(self._memo) > self._memo_size:
+            self._memo.popitem(last=False)
+        return vector
+
+    async def candidates(self, query: CacheQuery, vector: np.ndarray, limit: int = CANDIDATES) -> list[tuple[str, float, dict[str, Any]]]:
+        """The nearest cached questions in the query's scope and category, most similar first.
+
+        Returns:
+            (key, cosine similarity, fields) for each candidate.
+        """
+        index = await self.index(query.version)
+        scope = (Tag(FIELD_SCOPE) == query.canonical.scope_digest) & (Tag(FIELD_CATEGORY) == query.category.name)
+        knn = VectorQuery(
+            vector=vector.astype(np.float32).tobytes(),
+            vector_field_name=FIELD_EMBEDDING,
+            return_fields=[FIELD_QUESTION, FIELD_ANSWER],
+            filter_expression=scope,
+            num_results=limit,
+            return_score=True,
+        )
+        try:
+            rows = await index.query(knn)
+        except ResponseError as exc:
+            if "no such index" in str(exc).lower():
+                self.forget_index(query.version)  # dropped from outside: re-create next time
+            raise
+        # RediSearch's cosine distance is 1 - cosine similarity.
+        return [(row["id"], 1.0 - float(row[DISTANCE_FIELD]), row) for row in rows]
+
+    async def lookup(self, query: CacheQuery) -> CacheHit | None:
+        question, policy = query.canonical.question, query.category.semantic
+        if question is None or not policy.enabled:
+            return None
+        vector = await self.vector(question)
+        for key, similarity, row in await self.candidates(query, vector):
+            if similarity < policy.threshold:
+                break  # most similar first: the rest are below too
+            verdict = self._verifier.verify(question, row[FIELD_QUESTION], similarity, policy)
+            if self._on_verdict is not None:
+                self._on_verdict(verdict)
+            if not verdict.accepted:
+                continue
+            await self._redis.hincrby(key, FIELD_HITS, 1)
+            answer = row[FIELD_ANSWER]
+            return CacheHit(
+                layer=self.name,
+                completion=answer.encode() if isinstance(answer, str) else answer,
+                similarity=similarity,
+                matched_question=row[FIELD_QUESTION],
+                reason=verdict.reason,
+            )
+        return None
+
+    async def store(self, query: CacheQuery, completion: bytes) -> None:
+        canonical, policy = query.canonical, query.category.semantic
+        if canonical.question is None or not policy.enabled:
+            return
+        await self.index(query.version)
+        vector = await self.vector(canonical.question)
+        now = int(time.time())
+        ttl = query.category.ttl_seconds
+        key = semantic_prefix(query.version) + canonical.exact_digest
+        fields = {
+            FIELD_QUESTION: canonical.question,
+            FIELD_ANSWER: completion,
+            FIELD_SCOPE: canonical.scope_digest,
+            FIELD_CATEGORY: query.category.name,
+            FIELD_TENANT: canonical.tenant,
+            FIELD_MODEL: canonical.model,
+            FIELD_CREATED_AT: now,
+            FIELD_EXPIRES_AT: now + ttl,
+            FIELD_HITS: 0,
+            FIELD_EMBEDDING: vector.astype(np.float32).tobytes(),
+        }
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hset(key, mapping=fields)
+            pipe.expire(key, ttl)
+            await pipe.execute()
+
+
+async def index_dims(redis: Redis, name: str) -> int | None:
+    """The vector dimension of an existing index, or ``None`` when there is no such index."""
+    try:
+        info = await redis.ft(name).info()
+    except ResponseError:
+        return None
+    for attribute in info.get("attributes", []):
+        pairs = dict(zip(attribute[::2], attribute[1::2], strict=False))
+        decoded = {(k.decode() if isinstance(k, bytes) else k): v for k, v in pairs.items()}
+        if decoded.get("type") in (b"VECTOR", "VECTOR"):
+            dim = decoded.get("dim")
+            return int(dim) if dim is not None else None
+    return None
+
+
+async def adopt_embedder(redis: Redis, fingerprint: str) -> str | None:
+    """Record the embedder in use; returns the previous one when it was a different embedder.
+
+    Vectors of different embedders cannot be compared, so the caller bumps the version tag.
+    ``SET ... GET`` makes this atomic: of several workers starting with a new embedder, only the
+    first sees the old fingerprint.
+    """
+    previous = await redis.set(EMBEDDER_KEY, fingerprint, get=True)
+    if previous is None:
+        return None
+    previous_text = previous.decode() if isinstance(previous, bytes) else str(previous)
+    return None if previous_text == fingerprint else previous_text
