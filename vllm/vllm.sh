@@ -68,6 +68,7 @@ start() {
   if ready; then echo "vllm: something already answers on 127.0.0.1:$port; not starting another"; return 0; fi
   install
   mkdir -p "$dir"
+  dir="$(cd "$dir" && pwd)"; pidfile="$dir/vllm.pid"; logfile="$dir/vllm.log"
   local model="${STRATA_VLLM_MODEL:-$model_dir}"
   local args=(--host 127.0.0.1 --port "$port" --model "$model"
     --served-model-name "${STRATA_VLLM_SERVED_NAME:-SmolLM2-135M-Instruct}"
