@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
@@ -128,7 +128,14 @@ class BatchingEmbedder:
     little longer for company when the worker is idle. The event loop never runs the model.
     """
 
-    def __init__(self, encoder: Encoder, *, window_ms: float = 0.0, max_batch: int = 64) -> None:
+    def __init__(
+        self,
+        encoder: Encoder,
+        *,
+        window_ms: float = 0.0,
+        max_batch: int = 64,
+        on_batch: Callable[[int], None] | None = None,
+    ) -> None:
         self._encoder = encoder
         self.name = encoder.name
         self.dims = encoder.dims
@@ -137,7 +144,7 @@ class BatchingEmbedder:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="strata-embed")
         self._pending: list[tuple[str, asyncio.Future[np.ndarray]]] = []
         self._worker: asyncio.Task[None] | None = None
-        self.batches = 0  # observed by tests and the benchmark
+        self._on_batch = on_batch
 
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
         loop = asyncio.get_running_loop()
@@ -164,7 +171,8 @@ class BatchingEmbedder:
                     if not future.done():
                         future.set_exception(exc)
                 continue
-            self.batches += 1
+            if self._on_batch is not None:
+                self._on_batch(len(batch))
             for row, (_, future) in zip(matrix, batch, strict=True):
                 if not future.done():
                     future.set_result(row)

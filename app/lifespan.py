@@ -88,7 +88,14 @@ async def build_resources(settings: Settings, encoder: Encoder | None = None) ->
         if encoder is None:
             # Loading a model takes from under a second to several: keep the loop free meanwhile.
             encoder = await asyncio.to_thread(load_encoder, settings.embedder, settings.embedder_model)
-        embedder = BatchingEmbedder(encoder, window_ms=settings.embed_batch_window_ms, max_batch=settings.embed_max_batch)
+
+        def count_batch(size: int) -> None:
+            metrics.embed_batches.inc()
+            metrics.embed_texts.inc(size)
+
+        embedder = BatchingEmbedder(
+            encoder, window_ms=settings.embed_batch_window_ms, max_batch=settings.embed_max_batch, on_batch=count_batch
+        )
 
         def count_verdict(verdict: Any) -> None:
             metrics.verifications.labels("accept" if verdict.accepted else "reject", verdict.reason).inc()

@@ -22,6 +22,8 @@ class Metrics:
         upstream_tokens: Tokens the model server reported, by kind (prompt, completion).
         cache_errors: Failed cache operations by layer and operation; each was treated as a miss.
         stores: Answers written back, by layer and result (stored, skipped).
+        embed_batches: Embedding model runs; fewer than texts embedded when batching works.
+        embed_texts: Texts embedded.
         verifications: Semantic candidates by verification decision and reason.
     """
 
@@ -40,6 +42,8 @@ class Metrics:
             "strata_cache_errors", "Failed cache operations (each treated as a miss)", ["layer", "operation"], registry=r
         )
         self.stores = Counter("strata_cache_stores", "Answers written back by layer and result", ["layer", "result"], registry=r)
+        self.embed_batches = Counter("strata_embed_batches", "Embedding model runs (each a batch)", registry=r)
+        self.embed_texts = Counter("strata_embed_texts", "Texts embedded", registry=r)
         self.verifications = Counter(
             "strata_semantic_verifications", "Semantic candidates by decision and reason", ["decision", "reason"], registry=r
         )

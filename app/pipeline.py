@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 from redis.exceptions import RedisError
+from redisvl.exceptions import RedisVLError
 
 from app.cache.base import CacheHit, CacheLayer, CacheQuery, EmbeddingFailed
 from app.cache.exact import StaleVersion
@@ -36,7 +37,7 @@ OUTCOME_BYPASS = "bypass"
 _HIT_OUTCOMES = {"exact": OUTCOME_EXACT, "semantic": OUTCOME_SEMANTIC}
 
 # Cache-side failures: Redis errors and timeouts, the embedder. Anything else is a bug and propagates.
-CACHE_ERRORS = (RedisError, OSError, TimeoutError, EmbeddingFailed)
+CACHE_ERRORS = (RedisError, RedisVLError, OSError, TimeoutError, EmbeddingFailed)
 
 
 class ChatCall(msgspec.Struct, frozen=True, kw_only=True):

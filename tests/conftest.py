@@ -40,3 +40,11 @@ def redis_sync(redis_url: str) -> Iterator[redis.Redis]:
     client.flushall()
     yield client
     client.close()
+
+
+@pytest.fixture(scope="session")
+def use_encoder():
+    """The default embedder (USE multilingual v3, int8 ONNX), loaded once for the session."""
+    from app.embed import load_encoder
+
+    return load_encoder("use-multilingual")

@@ -72,8 +72,11 @@ class FakeUpstream:
 
     @staticmethod
     def answer_for(body: dict[str, Any]) -> str:
-        last = body["messages"][-1]["content"]
-        return f"answer #{len(str(last))} to: {last}"
+        """A deterministic answer naming the question and, in a conversation, its first turn."""
+        messages = body["messages"]
+        last = messages[-1]["content"]
+        after = f" (after: {messages[0]['content']})" if len(messages) > 1 else ""
+        return f"answer #{len(str(last))} to: {last}{after}"
 
     def app(self) -> Litestar:
         upstream = self

@@ -21,9 +21,10 @@ import numpy as np
 import yaml
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
+from redisvl.exceptions import RedisSearchError
 from redisvl.index import AsyncSearchIndex
 from redisvl.query import VectorQuery
-from redisvl.query.filter import Tag
+from redisvl.query.filter import FilterExpression, Tag
 
 from app.cache.base import CacheHit, CacheQuery, EmbeddingFailed
 from app.cache.keys import (
@@ -70,6 +71,12 @@ class ThresholdVerifier:
         if similarity >= policy.threshold:
             return Verdict(True, "above_threshold")
         return Verdict(False, "below_threshold")
+
+
+def scope_filter(query: CacheQuery) -> FilterExpression:
+    """The KNN pre-filter: the scope digest (hex) and the category (a policy name), nothing
+    a client wrote; redisvl escapes both all the same."""
+    return (Tag(FIELD_SCOPE) == query.canonical.scope_digest) & (Tag(FIELD_CATEGORY) == query.category.name)
 
 
 class SemanticCache:
@@ -154,21 +161,23 @@ class SemanticCache:
             (key, cosine similarity, fields) for each candidate.
         """
         index = await self.index(query.version)
-        scope = (Tag(FIELD_SCOPE) == query.canonical.scope_digest) & (Tag(FIELD_CATEGORY) == query.category.name)
         knn = VectorQuery(
             vector=vector.astype(np.float32).tobytes(),
             vector_field_name=FIELD_EMBEDDING,
             return_fields=[FIELD_QUESTION, FIELD_ANSWER],
-            filter_expression=scope,
+            filter_expression=scope_filter(query),
             num_results=limit,
             return_score=True,
         )
         try:
             rows = await index.query(knn)
-        except ResponseError as exc:
-            if "no such index" in str(exc).lower():
-                self.forget_index(query.version)  # dropped from outside: re-create next time
-            raise
+        except (ResponseError, RedisSearchError) as exc:
+            if "no such index" not in str(exc).lower():
+                raise
+            # Dropped from outside (an operator, FLUSHALL): re-create it, and nothing is in it.
+            self.forget_index(query.version)
+            await self.index(query.version)
+            return []
         # RediSearch's cosine distance is 1 - cosine similarity.
         return [(row["id"], 1.0 - float(row[DISTANCE_FIELD]), row) for row in rows]
 

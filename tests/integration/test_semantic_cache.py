@@ -1,0 +1,162 @@
+"""L2 semantic cache through the HTTP API: real Redis Stack, the real default embedder."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from app.asgi import create_app
+from tests.integration.conftest import ADMIN_TOKEN, MODEL, strata_settings
+from tests.support import FakeUpstream, ServerThread
+
+FAQ = {"X-Cache-Category": "faq"}
+
+
+@pytest.fixture(scope="module")
+def semantic_strata(redis_url: str, fake_upstream: FakeUpstream, use_encoder: Any) -> Iterator[str]:
+    settings = strata_settings(redis_url, fake_upstream.url, semantic_enabled=True)  # type: ignore[attr-defined]
+    with ServerThread(create_app(settings, encoder=use_encoder)) as server:
+        yield server.url
+
+
+@pytest.fixture
+def client(semantic_strata: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream) -> Iterator[httpx.Client]:
+    fake_upstream.reset()
+    with httpx.Client(base_url=semantic_strata, timeout=10) as http:
+        yield http
+
+
+def ask(client: httpx.Client, question: str, *, system: str | None = None, history: list[dict[str, str]] | None = None,
+        headers: dict[str, str] | None = None, **params: Any) -> httpx.Response:
+    messages = ([{"role": "system", "content": system}] if system else []) + (history or [])
+    messages.append({"role": "user", "content": question})
+    return client.post("/v1/chat/completions", json={"model": params.pop("model", MODEL), "messages": messages, **params},
+                       headers=headers if headers is not None else FAQ)
+
+
+def content(response: httpx.Response) -> str:
+    return response.json()["choices"][0]["message"]["content"]
+
+
+def test_a_paraphrase_hits_and_an_unrelated_question_does_not(client: httpx.Client, fake_upstream: FakeUpstream) -> None:
+    assert ask(client, "怎么申请退款").headers["x-cache"] == "miss"
+    hit = ask(client, "退款怎么申请")
+    assert hit.headers["x-cache"] == "semantic-hit"
+    similarity = hit.headers["x-cache-similarity"]
+    assert len(similarity.split(".")[1]) == 3 and 0.80 <= float(similarity) <= 1.0
+    assert content(hit) == "answer #6 to: 怎么申请退款"
+    assert hit.json()["id"].startswith("chatcmpl-")
+    invoice = ask(client, "怎么开发票")
+    assert invoice.headers["x-cache"] == "miss" and content(invoice).endswith("怎么开发票")
+    assert len(fake_upstream.calls) == 2
+
+
+def test_thresholds_are_per_category(client: httpx.Client) -> None:
+    # "怎么退款" is 0.90 from "怎么申请退款": enough for faq (0.80), not for business (0.88 + strict checks
+    # at most) -- and business is where a wrong answer costs most.
+    ask(client, "怎么申请退款", headers={"X-Cache-Category": "general"})
+    general = ask(client, "怎么退款", headers={"X-Cache-Category": "general"})
+    assert general.headers["x-cache"] == "semantic-hit"
+    # Another category never serves it: categories are part of the filter.
+    assert ask(client, "怎么退款", headers={"X-Cache-Category": "faq"}).headers["x-cache"] == "miss"
+
+
+@pytest.mark.parametrize("variant", ["model", "system", "history", "temperature", "max_tokens"])
+def test_the_same_question_in_another_scope_never_hits(client: httpx.Client, variant: str) -> None:
+    base: dict[str, Any] = {"system": "You are the support bot of Shop A.", "temperature": 0}
+    ask(client, "How do I reset my password?", **base)
+    assert ask(client, "How can I reset my password?", **base).headers["x-cache"] == "semantic-hit"
+    changed = dict(base)
+    if variant == "model":
+        changed["model"] = "another-model"
+    elif variant == "system":
+        changed["system"] = "You are the support bot of Shop B."
+    elif variant == "history":
+        changed["history"] = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    elif variant == "temperature":
+        changed["temperature"] = 0.7
+    else:
+        changed["max_tokens"] = 5
+    assert ask(client, "How can I reset my password?", **changed).headers["x-cache"] == "miss"
+
+
+def test_a_follow_up_after_different_earlier_turns_never_hits(client: httpx.Client) -> None:
+    obama = [{"role": "user", "content": "Who was Barack Obama?"}, {"role": "assistant", "content": "A US president."}]
+    messi = [{"role": "user", "content": "Who is Lionel Messi?"}, {"role": "assistant", "content": "A footballer."}]
+    ask(client, "How old is he?", history=obama)
+    assert ask(client, "How old is he?", history=obama).headers["x-cache"] == "exact-hit"
+    about_obama = ask(client, "What is his age?", history=obama)
+    assert about_obama.headers["x-cache"] == "semantic-hit" and "Obama" in content(about_obama)
+    about_messi = ask(client, "How old is he?", history=messi)
+    assert about_messi.headers["x-cache"] == "miss" and "Messi" in content(about_messi)
+    again = ask(client, "What is his age?", history=messi)
+    assert again.headers["x-cache"] == "semantic-hit" and "Messi" in content(again) and "Obama" not in content(again)
+
+
+def test_entries_are_readable_and_counted(client: httpx.Client, redis_sync: redis.Redis) -> None:
+    ask(client, "怎么申请退款")
+    ask(client, "退款怎么申请")
+    [key] = redis_sync.scan_iter(match="strata:v1:sem:*")
+    entry = redis_sync.hgetall(key)
+    assert entry[b"question"].decode() == "怎么申请退款" and entry[b"category"] == b"faq"
+    assert entry[b"tenant"] == b"default" and entry[b"model"] == MODEL.encode() and entry[b"hits"] == b"1"
+    assert len(entry[b"scope"]) == 64 and len(entry[b"embedding"]) == 512 * 4
+    assert int(redis_sync.ft("strata:v1:sem").info()["num_docs"]) == 1
+    found = redis_sync.ft("strata:v1:sem").search("@category:{faq}")
+    assert found.total == 1 and found.docs[0].question == "怎么申请退款"
+
+
+def test_ttl_is_absolute_from_insertion(client: httpx.Client, redis_sync: redis.Redis) -> None:
+    short = {"X-Cache-Category": "short"}
+    ask(client, "how do I cancel my order", headers=short)
+    assert ask(client, "how can I cancel my order", headers=short).headers["x-cache"] == "semantic-hit"
+    time.sleep(0.6)
+    assert ask(client, "how can I cancel an order", headers=short).headers["x-cache"] == "semantic-hit"  # does not extend
+    time.sleep(0.6)
+    assert ask(client, "how can I cancel my order please", headers=short).headers["x-cache"] == "miss"
+
+
+def test_a_version_bump_creates_a_new_index_and_drops_the_old_one(client: httpx.Client, redis_sync: redis.Redis) -> None:
+    ask(client, "怎么申请退款")
+    assert b"strata:v1:sem" in redis_sync.execute_command("FT._LIST")
+    bumped = client.post("/admin/cache/invalidate", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    assert bumped.json()["version"] == "v2"
+    assert ask(client, "退款怎么申请").headers["x-cache"] == "miss"
+    deadline = time.monotonic() + 5
+    while b"strata:v1:sem" in redis_sync.execute_command("FT._LIST") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    indexes = redis_sync.execute_command("FT._LIST")
+    assert b"strata:v1:sem" not in indexes and b"strata:v2:sem" in indexes
+    assert list(redis_sync.scan_iter(match="strata:v1:*")) == []
+    assert ask(client, "怎么申请退款").headers["x-cache"] == "semantic-hit"
+
+
+def test_concurrent_lookups_are_embedded_in_batches(semantic_strata: str, redis_sync: redis.Redis) -> None:
+    async def burst() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=semantic_strata, timeout=20) as http:
+            return await asyncio.gather(*[
+                http.post("/v1/chat/completions", headers=FAQ,
+                          json={"model": MODEL, "messages": [{"role": "user", "content": f"question number {i}"}]})
+                for i in range(24)
+            ])
+
+    before = batches(semantic_strata)
+    responses = asyncio.run(burst())
+    assert all(r.status_code == 200 for r in responses)
+    used = batches(semantic_strata) - before
+    assert 0 < used < 24  # 24 lookups took fewer encoder runs than requests
+
+
+def batches(url: str) -> int:
+    """Encoder runs so far, read from the app's metrics (lookups share batches)."""
+    text = httpx.get(url + "/metrics").text
+    for line in text.splitlines():
+        if line.startswith("strata_embed_batches_total"):
+            return int(float(line.split()[-1]))
+    raise AssertionError("no strata_embed_batches_total metric")
