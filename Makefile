@@ -89,5 +89,7 @@ test: deps
 test-fast: deps
 	$(PY) -m pytest -q -p no:cacheprovider -m "not e2e"
 
+# Hit-path latency/throughput with wrk; writes docs/BENCHMARKS.md. BENCH_ARGS="--duration 30" etc.
 bench: deps
-	$(PY) -m bench.run
+	@command -v wrk >/dev/null || { [ "$$(id -u)" = 0 ] && (apt-get install -y -qq wrk >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq wrk >/dev/null)); }
+	$(PY) -m bench.run $(BENCH_ARGS)

@@ -1,0 +1,256 @@
+"""`make bench`: hit-path latency and throughput of Strata over HTTP on loopback.
+
+Starts its own Redis Stack, a stub upstream and Strata (each its own process, on free ports),
+fills the cache through the API, then drives load with wrk (a separate C process, so the load
+generator is not the service) and writes docs/BENCHMARKS.md.
+
+    python -m bench.run [--duration 15] [--out docs/BENCHMARKS.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = ROOT.parent / "shared" / "data"
+MODEL = "bench-model"
+CATEGORY = "faq"
+
+# Targets from the semantic-layer issue, for a 2-core machine with the load generator on it.
+TARGETS = {
+    "exact": {"p50_ms": 2.0, "rps": 2000.0},
+    "semantic": {"p50_ms": 8.0, "rps": 400.0},
+}
+
+# Used when ../shared/data is absent: paraphrase pairs of our own.
+FALLBACK_PAIRS = [
+    ("How do I reset my password?", "How can I reset my password?"),
+    ("怎么申请退款", "退款怎么申请"),
+    ("What are your opening hours?", "When are you open?"),
+    ("How do I cancel my order?", "How can I cancel my order?"),
+    ("Where is my parcel?", "Where is my package?"),
+]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def body(question: str) -> str:
+    return json.dumps({"model": MODEL, "messages": [{"role": "user", "content": question}]}, ensure_ascii=False)
+
+
+@dataclass
+class Run:
+    name: str
+    concurrency: int
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    rps: float
+    requests: int
+    outcomes: dict[str, int]
+    errors: int
+
+
+def wait_for(url: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} did not come up")
+
+
+@contextmanager
+def stack(workers: int) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """Redis Stack, a stub upstream and Strata on free ports; yields Strata's URL and process."""
+    redis_port, upstream_port, strata_port = free_port(), free_port(), free_port()
+    data = tempfile.mkdtemp(prefix="strata-bench-")
+    redis_env = {**os.environ, "STRATA_REDIS_PORT": str(redis_port), "STRATA_REDIS_DIR": data}
+    launcher = str(ROOT / "redis-stack" / "redis-stack.sh")
+    subprocess.run([launcher, "start"], check=True, env=redis_env, stdout=subprocess.DEVNULL)
+    upstream = subprocess.Popen([sys.executable, "-m", "bench.stub_upstream", str(upstream_port)], cwd=ROOT)
+    strata_env = {
+        **os.environ,
+        "STRATA_PORT": str(strata_port),
+        "STRATA_WORKERS": str(workers),
+        "STRATA_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
+        "STRATA_UPSTREAM_URL": f"http://127.0.0.1:{upstream_port}/v1",
+        "STRATA_LOG_LEVEL": "warning",
+    }
+    strata = subprocess.Popen([sys.executable, "-m", "app.serve"], cwd=ROOT, env=strata_env)
+    try:
+        url = f"http://127.0.0.1:{strata_port}"
+        wait_for(f"http://127.0.0.1:{upstream_port}/v1/models")
+        wait_for(url + "/health")
+        yield url, strata
+    finally:
+        strata.terminate()
+        strata.wait(timeout=30)
+        upstream.terminate()
+        upstream.wait(timeout=10)
+        subprocess.run([launcher, "stop"], env=redis_env, stdout=subprocess.DEVNULL)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def semantic_pairs(limit: int) -> tuple[list[tuple[str, str]], str]:
+    source = SHARED / "gptcache_mock_data.json"
+    if not source.exists():
+        return FALLBACK_PAIRS, "built-in pairs (../shared/data absent)"
+    rows = json.loads(source.read_text(encoding="utf-8"))[:limit]
+    return [(r["origin"], r["similar"]) for r in rows], f"first {limit} pairs of gptcache_mock_data.json"
+
+
+def fill(url: str, pairs: list[tuple[str, str]]) -> tuple[list[str], list[str]]:
+    """Store every origin; returns the bodies that exact-hit and the paraphrases that semantic-hit."""
+    headers = {"X-Cache-Category": CATEGORY}
+    exact, semantic = [], []
+    with httpx.Client(base_url=url, timeout=30) as client:
+        for origin, _ in pairs:
+            client.post("/v1/chat/completions", content=body(origin), headers=headers)
+        for origin, similar in pairs:
+            if client.post("/v1/chat/completions", content=body(origin), headers=headers).headers["x-cache"] == "exact-hit":
+                exact.append(body(origin))
+            if client.post("/v1/chat/completions", content=body(similar), headers=headers).headers["x-cache"] == "semantic-hit":
+                semantic.append(body(similar))
+    return exact, semantic
+
+
+def wrk(url: str, bodies: list[str], concurrency: int, duration: int, name: str) -> Run:
+    with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False, encoding="utf-8") as handle:
+        handle.write("\n".join(bodies) + "\n")
+        path = handle.name
+    threads = 1 if concurrency == 1 else 2
+    command = ["wrk", f"-t{threads}", f"-c{concurrency}", f"-d{duration}s", "--latency",
+               "-s", str(ROOT / "bench" / "wrk_rotate.lua"), url, "--", path, CATEGORY]
+    output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    os.unlink(path)
+    latency = dict(re.findall(r"(p\d+)=(\d+)", re.search(r"LATENCY_US (.*)", output).group(1)))  # type: ignore[union-attr]
+    throughput = dict(re.findall(r"(\w+)=([\d.]+)", re.search(r"THROUGHPUT (.*)", output).group(1)))  # type: ignore[union-attr]
+    outcomes = {k: int(v) for k, v in re.findall(r"(\S+?)=(\d+)", re.search(r"OUTCOMES(.*)", output).group(1))}  # type: ignore[union-attr]
+    return Run(
+        name=name,
+        concurrency=concurrency,
+        p50_ms=int(latency["p50"]) / 1000,
+        p90_ms=int(latency["p90"]) / 1000,
+        p99_ms=int(latency["p99"]) / 1000,
+        rps=int(throughput["requests"]) / float(throughput["seconds"]),
+        requests=int(throughput["requests"]),
+        outcomes=outcomes,
+        errors=int(throughput["errors"]),
+    )
+
+
+def peak_rss_mb(process: subprocess.Popen[bytes]) -> float:
+    """Peak resident memory (VmHWM) of the service and its worker processes."""
+    pids = [process.pid]
+    children = Path(f"/proc/{process.pid}/task/{process.pid}/children")
+    if children.exists():
+        pids += [int(p) for p in children.read_text().split()]
+    total = 0
+    for pid in pids:
+        status = Path(f"/proc/{pid}/status").read_text()
+        total += int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1))  # type: ignore[union-attr]
+    return total / 1024
+
+
+def machine() -> str:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    return f"{os.cpu_count()} cores ({cpu}), Python {platform.python_version()}, {platform.system()} {platform.release()}"
+
+
+def verdict(run: Run, kind: str) -> str:
+    target = TARGETS[kind]
+    if run.concurrency == 1:
+        goal, value = target["p50_ms"], run.p50_ms
+        return f"p50 {value:.2f} ms vs target <= {goal} ms: " + ("met" if value <= goal else f"MISSED by {value - goal:.2f} ms ({value / goal:.1f}x)")
+    goal, value = target["rps"], run.rps
+    return f"{value:,.0f} req/s vs target >= {goal:,.0f}: " + ("met" if value >= goal else f"MISSED by {goal - value:,.0f} req/s ({value / goal:.0%} of target)")
+
+
+def report(runs: list[tuple[str, Run]], rss: float, source: str, sizes: tuple[int, int], duration: int, command: str) -> str:
+    lines = [
+        "# Benchmarks",
+        "",
+        "Hit-path latency and throughput of Strata over HTTP on loopback. Measured, never typed in:",
+        "this file is written by the command below.",
+        "",
+        f"- Command: `{command}`",
+        f"- Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+        f"- Machine: {machine()}",
+        "- Load generator: wrk 4.1 (a separate C process on the same 2 cores as Strata, Redis and the stub upstream)",
+        f"- Service: one Strata worker (uvicorn, uvloop, httptools), default settings, embedder USE multilingual v3 int8 ONNX; {duration} s per run",
+        f"- Data: {source}; {sizes[0]} exact-hit bodies, {sizes[1]} paraphrases that semantic-hit (category `{CATEGORY}`), rotated",
+        "",
+        "| run | concurrency | p50 ms | p90 ms | p99 ms | req/s | requests | outcomes (status:X-Cache=count) | verdict |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for kind, run in runs:
+        outcomes = ", ".join(f"{k}={v}" for k, v in sorted(run.outcomes.items()))
+        lines.append(
+            f"| {run.name} | {run.concurrency} | {run.p50_ms:.2f} | {run.p90_ms:.2f} | {run.p99_ms:.2f} | "
+            f"{run.rps:,.0f} | {run.requests:,} | {outcomes} | {verdict(run, kind)} |"
+        )
+    lines += ["", f"Peak RSS of the Strata process over all runs: {rss:.0f} MB.", ""]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration", type=int, default=15, help="seconds per run")
+    parser.add_argument("--pairs", type=int, default=300, help="paraphrase pairs to fill the cache with")
+    parser.add_argument("--out", default=str(ROOT / "docs" / "BENCHMARKS.md"))
+    args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        print("bench: wrk is not installed (Debian package wrk; make bench installs it)", file=sys.stderr)
+        return 2
+    pairs, source = semantic_pairs(args.pairs)
+    with stack(workers=1) as (url, strata):
+        exact_bodies, semantic_bodies = fill(url, pairs)
+        if not exact_bodies or not semantic_bodies:
+            print("bench: filling the cache produced no hits", file=sys.stderr)
+            return 1
+        runs = []
+        for kind, bodies in (("exact", exact_bodies), ("semantic", semantic_bodies)):
+            for concurrency in (1, 16):
+                run = wrk(url, bodies, concurrency, args.duration, f"{kind} hit")
+                print(f"{run.name} c={concurrency}: p50 {run.p50_ms:.2f} ms p99 {run.p99_ms:.2f} ms {run.rps:,.0f} req/s {run.outcomes}")
+                runs.append((kind, run))
+        rss = peak_rss_mb(strata)
+    command = "make bench" + (f" BENCH_ARGS='{' '.join(sys.argv[1:])}'" if sys.argv[1:] else "")
+    text = report(runs, rss, source, (len(exact_bodies), len(semantic_bodies)), args.duration, command)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    existing = Path(args.out).read_text(encoding="utf-8") if Path(args.out).exists() else ""
+    marker = "\n## Analysis"
+    analysis = existing[existing.index(marker):] if marker in existing else ""
+    Path(args.out).write_text(text + analysis, encoding="utf-8")
+    print(f"bench: wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
