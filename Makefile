@@ -15,7 +15,7 @@ STRATA_HOST ?= 127.0.0.1
 STRATA_PORT ?= 8080
 export STRATA_HOST STRATA_PORT
 
-.PHONY: help deps up down status restart test test-fast bench logs clean-run
+.PHONY: help deps up down status restart test test-fast bench train-verifier logs strata-start strata-stop
 
 help:
 	@echo "make up      start Redis Stack (6380), vLLM (8000) and Strata (8080) in the background"
@@ -88,6 +88,11 @@ test: deps
 # Everything but the end-to-end suite.
 test-fast: deps
 	$(PY) -m pytest -q -p no:cacheprovider -m "not e2e"
+
+# Train the learned verifier of semantic hits from ../shared/data (AFQMC train, QQP-hard train
+# split); writes schemas/verifier.json and the held-out calibration pairs under .run/calibration/.
+train-verifier: deps
+	$(VENV)/bin/strata calibrate train
 
 # Hit-path latency/throughput with wrk; writes docs/BENCHMARKS.md. BENCH_ARGS="--duration 30" etc.
 bench: deps

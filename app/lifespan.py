@@ -18,6 +18,7 @@ from app.cache.base import CacheLayer
 from app.cache.exact import ExactCache
 from app.cache.keys import semantic_index_name
 from app.cache.semantic import SemanticCache, adopt_embedder, index_dims
+from app.cache.verify import PairVerifier
 from app.cache.version import VersionTag, sweep_stale_versions
 from app.embed import BatchingEmbedder, Encoder, load_encoder
 from app.metrics import Metrics
@@ -101,7 +102,8 @@ async def build_resources(settings: Settings, encoder: Encoder | None = None) ->
             metrics.verifications.labels("accept" if verdict.accepted else "reject", verdict.reason).inc()
 
         semantic = SemanticCache(
-            redis, embedder, settings.resolve(settings.semantic_index_schema), on_verdict=count_verdict
+            redis, embedder, settings.resolve(settings.semantic_index_schema),
+            verifier=load_verifier(settings), on_verdict=count_verdict,
         )
         layers.append(semantic)
     pipeline = ChatPipeline(settings=settings, versions=versions, layers=layers, upstream=upstream, metrics=metrics)
@@ -109,6 +111,11 @@ async def build_resources(settings: Settings, encoder: Encoder | None = None) ->
         settings=settings, policy=policy, redis=redis, versions=versions,
         upstream=upstream, metrics=metrics, pipeline=pipeline, semantic=semantic, embedder=embedder,
     )
+
+
+def load_verifier(settings: Settings) -> PairVerifier:
+    artifact = settings.resolve(settings.verifier_artifact) if settings.verifier_artifact else None
+    return PairVerifier.from_files(settings.resolve(settings.verification_lexicon), artifact)
 
 
 async def reconcile_embedder(resources: Resources, current: str) -> str:

@@ -114,7 +114,9 @@ class ChatPipeline:
         cacheable = (request.n or 1) == 1
         query: CacheQuery | None = None
         if cacheable and (call.lookup or call.store):
-            canonical = canonicalize(request, call.raw, tenant=call.tenant, max_tokens=max_tokens)
+            canonical = canonicalize(
+                request, call.raw, tenant=call.tenant, category=call.category.name, max_tokens=max_tokens
+            )
             query = await self._query(canonical, call.category)
 
         if query is not None and call.lookup:

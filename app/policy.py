@@ -20,7 +20,7 @@ class SemanticPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     enabled: bool = True
     threshold: Similarity = 0.90
     accept_above: Similarity = 0.99
-    strict: bool = True
+    min_probability: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.9
 
     def __post_init__(self) -> None:
         if self.accept_above < self.threshold:

@@ -43,6 +43,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
 
     policy_file: str = "schemas/policy.yaml"
     semantic_index_schema: str = "schemas/semantic_index.yaml"
+    verification_lexicon: str = "schemas/verification.yaml"
+    # The learned verifier of borderline semantic candidates; empty: none (the band never serves).
+    verifier_artifact: str = "schemas/verifier.json"
     admin_token: str | None = None
 
     semantic_enabled: bool = True

@@ -177,6 +177,28 @@ def peak_rss_mb(process: subprocess.Popen[bytes]) -> float:
     return total / 1024
 
 
+def verifier_cost(pairs: list[tuple[str, str]]) -> tuple[float, float, int]:
+    """In-process cost of one verification (guards + features + trees): p50 and p99 in µs.
+
+    Times the most expensive path a semantic hit can take: the guards, then the learned verifier
+    (``verify`` itself stops early when a guard rejects).
+    """
+    from app.cache.keys import normalize_text
+    from app.lifespan import load_verifier
+    from app.settings import Settings
+
+    verifier = load_verifier(Settings())
+    timings = []
+    for origin, similar in pairs:
+        asked, cached = normalize_text(similar), normalize_text(origin)
+        started = time.perf_counter()
+        verifier.analyzer.signals(asked, cached)
+        verifier.probability(asked, cached, 0.9)
+        timings.append((time.perf_counter() - started) * 1e6)
+    ordered = sorted(timings)
+    return ordered[len(ordered) // 2], ordered[int(len(ordered) * 0.99)], len(ordered)
+
+
 def machine() -> str:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
@@ -192,7 +214,8 @@ def verdict(run: Run, kind: str) -> str:
     return f"{value:,.0f} req/s vs target >= {goal:,.0f}: " + ("met" if value >= goal else f"MISSED by {goal - value:,.0f} req/s ({value / goal:.0%} of target)")
 
 
-def report(runs: list[tuple[str, Run]], rss: float, source: str, sizes: tuple[int, int], duration: int, command: str) -> str:
+def report(runs: list[tuple[str, Run]], rss: float, source: str, sizes: tuple[int, int], duration: int, command: str,
+           verify: tuple[float, float, int]) -> str:
     lines = [
         "# Benchmarks",
         "",
@@ -215,7 +238,15 @@ def report(runs: list[tuple[str, Run]], rss: float, source: str, sizes: tuple[in
             f"| {run.name} | {run.concurrency} | {run.p50_ms:.2f} | {run.p90_ms:.2f} | {run.p99_ms:.2f} | "
             f"{run.rps:,.0f} | {run.requests:,} | {outcomes} | {verdict(run, kind)} |"
         )
-    lines += ["", f"Peak RSS of the Strata process over all runs: {rss:.0f} MB.", ""]
+    lines += [
+        "",
+        f"Peak RSS of the Strata process over all runs: {rss:.0f} MB.",
+        "",
+        f"Verification stage alone (guards, features, learned verifier; in-process, {verify[2]} pairs, "
+        f"every pair through the learned verifier): p50 {verify[0]:.0f} µs, p99 {verify[1]:.0f} µs "
+        "(budget: at most 5 ms added to a semantic hit's p50).",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -241,8 +272,9 @@ def main() -> int:
                 print(f"{run.name} c={concurrency}: p50 {run.p50_ms:.2f} ms p99 {run.p99_ms:.2f} ms {run.rps:,.0f} req/s {run.outcomes}")
                 runs.append((kind, run))
         rss = peak_rss_mb(strata)
+    verify = verifier_cost(pairs)
     command = "make bench" + (f" BENCH_ARGS='{' '.join(sys.argv[1:])}'" if sys.argv[1:] else "")
-    text = report(runs, rss, source, (len(exact_bodies), len(semantic_bodies)), args.duration, command)
+    text = report(runs, rss, source, (len(exact_bodies), len(semantic_bodies)), args.duration, command, verify)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     existing = Path(args.out).read_text(encoding="utf-8") if Path(args.out).exists() else ""
     marker = "\n## Analysis"

@@ -7,7 +7,7 @@ from typing import Protocol
 import msgspec
 
 from app.cache.keys import CanonicalRequest
-from app.policy import CategoryPolicy
+from app.policy import CategoryPolicy, SemanticPolicy
 
 
 class EmbeddingFailed(Exception):
@@ -44,6 +44,19 @@ class CacheHit(msgspec.Struct, frozen=True, kw_only=True):
     similarity: float | None = None
     matched_question: str | None = None
     reason: str | None = None
+
+
+class Verdict(msgspec.Struct, frozen=True):
+    """A decision of the verification stage, and why."""
+
+    accepted: bool
+    reason: str
+
+
+class Verifier(Protocol):
+    """Decides whether the answer cached for one question may serve another."""
+
+    def verify(self, asked: str, cached: str, similarity: float, policy: SemanticPolicy) -> Verdict: ...
 
 
 class CacheLayer(Protocol):

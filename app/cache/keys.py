@@ -106,6 +106,8 @@ class CanonicalRequest(msgspec.Struct, frozen=True, kw_only=True):
 
     Attributes:
         tenant: The tenant the request belongs to.
+        category: The content category: its TTL bounds the age of any answer served for it,
+            so an answer stored under a long-lived category must not serve a short-lived one.
         model: The requested model.
         params: Every output-affecting parameter, ``max_tokens`` as actually sent upstream.
         system: The leading system and developer messages.
@@ -115,6 +117,7 @@ class CanonicalRequest(msgspec.Struct, frozen=True, kw_only=True):
     """
 
     tenant: str
+    category: str
     model: str
     params: dict[str, Any]
     system: list[dict[str, Any]]
@@ -130,11 +133,11 @@ class CanonicalRequest(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def scope_digest(self) -> str:
         """sha256 of everything but the last question: what a semantic match must share."""
-        return _digest([self.tenant, self.model, self.params, self.system, self.history])
+        return _digest([self.tenant, self.category, self.model, self.params, self.system, self.history])
 
 
 def canonicalize(
-    request: ChatCompletionRequest, raw: dict[str, Any], *, tenant: str, max_tokens: int
+    request: ChatCompletionRequest, raw: dict[str, Any], *, tenant: str, category: str, max_tokens: int
 ) -> CanonicalRequest:
     """Build the canonical form of a validated request.
 
@@ -142,6 +145,7 @@ def canonicalize(
         request: The validated request.
         raw: The request as received, holding the pass-through fields too.
         tenant: The tenant the request is served for.
+        category: The content category's name.
         max_tokens: The effective ``max_tokens`` after defaults and the cap.
 
     Returns:
@@ -166,6 +170,7 @@ def canonicalize(
         question = normalize_text(text) if text is not None else None
     return CanonicalRequest(
         tenant=tenant,
+        category=category,
         model=request.model,
         params=params,
         system=system,

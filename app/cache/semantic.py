@@ -14,9 +14,8 @@ import logging
 import time
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-import msgspec
 import numpy as np
 import yaml
 from redis.asyncio import Redis
@@ -26,7 +25,7 @@ from redisvl.index import AsyncSearchIndex
 from redisvl.query import VectorQuery
 from redisvl.query.filter import FilterExpression, Tag
 
-from app.cache.base import CacheHit, CacheQuery, EmbeddingFailed
+from app.cache.base import CacheHit, CacheQuery, EmbeddingFailed, Verdict, Verifier
 from app.cache.keys import (
     FIELD_ANSWER,
     FIELD_CATEGORY,
@@ -51,17 +50,6 @@ EMBEDDER_KEY = f"{NAMESPACE}:meta:embedder"
 DISTANCE_FIELD = "vector_distance"
 # Candidates compared per lookup: the best one that passes verification is served.
 CANDIDATES = 3
-
-
-class Verdict(msgspec.Struct, frozen=True):
-    accepted: bool
-    reason: str
-
-
-class Verifier(Protocol):
-    """Decides whether a cached question's answer may serve a new question."""
-
-    def verify(self, asked: str, cached: str, similarity: float, policy: SemanticPolicy) -> Verdict: ...
 
 
 class ThresholdVerifier:

@@ -80,6 +80,8 @@ def test_entries_expire_with_their_category_ttl(
     assert len(keys) == 1 and 0 < redis_sync.ttl(keys[0]) <= 1
     time.sleep(1.2)
     assert client.post("/v1/chat/completions", json=chat("ttl"), headers=short).headers["x-cache"] == "miss"
+    # Another category is another entry: an answer never outlives the TTL of the category it serves.
+    assert client.post("/v1/chat/completions", json=chat("ttl"), headers={"X-Cache-Category": "general"}).headers["x-cache"] == "miss"
     # The default category keeps it far longer.
     client.post("/v1/chat/completions", json=chat("long"))
     long_key = next(k for k in redis_sync.scan_iter(match="strata:v1:exact:*") if redis_sync.hget(k, "category") == b"business")

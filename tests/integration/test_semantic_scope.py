@@ -42,7 +42,9 @@ class Harness:
 
     def query(self, question: str, *, tenant: str = "t", model: str = "m", system: str = "S") -> CacheQuery:
         raw = {"model": model, "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}]}
-        canonical = canonicalize(msgspec.convert(raw, ChatCompletionRequest), raw, tenant=tenant, max_tokens=64)
+        canonical = canonicalize(
+            msgspec.convert(raw, ChatCompletionRequest), raw, tenant=tenant, category=CATEGORY.name, max_tokens=64
+        )
         return CacheQuery(canonical=canonical, category=CATEGORY, version="v1")
 
     def store(self, query: CacheQuery, answer: str) -> None:

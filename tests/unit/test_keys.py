@@ -12,9 +12,9 @@ from app.cache.keys import canonicalize, exact_prefix, semantic_index_name, sema
 from app.wire import ChatCompletionRequest
 
 
-def canon(raw: dict[str, Any], tenant: str = "t", max_tokens: int = 64):
+def canon(raw: dict[str, Any], tenant: str = "t", max_tokens: int = 64, category: str = "faq"):
     request = msgspec.convert(raw, ChatCompletionRequest)
-    return canonicalize(request, raw, tenant=tenant, max_tokens=max_tokens)
+    return canonicalize(request, raw, tenant=tenant, category=category, max_tokens=max_tokens)
 
 
 def body(question: str = "hi", **extra: Any) -> dict[str, Any]:
@@ -39,6 +39,7 @@ def test_everything_that_changes_the_answer_changes_the_digest() -> None:
     base = canon(body())
     variants = [
         canon(body(), tenant="other"),
+        canon(body(), category="business"),
         canon(body(), max_tokens=65),
         canon(body(temperature=0.3)),
         canon(body(stop=["x"])),

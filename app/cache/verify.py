@@ -1,0 +1,302 @@
+"""Verification of semantic candidates: may the cached answer to one question serve another?
+
+Raw cosine similarity cannot tell "怎么退款" from "怎么开发票" reliably, so a candidate that
+passed the category's threshold goes through two more stages:
+
+1. Guards, cheap and always on: different numbers (amounts, dates, order ids), a negation on one
+   side only, opposite operations (开通/关闭, enable/disable), different named products or topics
+   (花呗/借呗, 退款/发票). Any of them rejects. Lexicons live in ``schemas/verification.yaml``.
+2. In the borderline band (threshold <= similarity < accept_above), a learned verifier on pair
+   features must give a probability of at least the category's ``min_probability``. It is a
+   gradient-boosted tree ensemble trained by ``make train-verifier`` and stored as JSON
+   (``schemas/verifier.json``); inference here is plain numpy, with no pickle involved.
+
+The service and ``strata calibrate evaluate`` both decide through :meth:`PairVerifier.verify`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import yaml
+
+from app.cache.base import Verdict
+from app.cache.keys import normalize_text
+from app.policy import SemanticPolicy
+
+# Reasons, as they appear in metrics and the X-Cache-Verdict header.
+BELOW_THRESHOLD = "below_threshold"
+NUMBERS_DIFFER = "numbers_differ"
+NEGATION_DIFFERS = "negation_differs"
+OPPOSITE_OPERATIONS = "opposite_operations"
+ENTITIES_DIFFER = "entities_differ"
+ABOVE_BAND = "above_band"
+VERIFIED = "verifier_accepted"
+VERIFIER_REJECTED = "verifier_rejected"
+
+_TOKEN = re.compile(r"[a-z0-9]+(?:'[a-z]+)?|[\u3400-\u9fff]")
+_NUMBER = re.compile(r"\d+(?:\.\d+)?|[零一二两三四五六七八九十百千万亿]+(?=[个元块号日月年天次期笔张位岁%])")
+_CN_DIGITS = {"零": 0, "一": 1, "二": 2, "两": 2, "三": 3, "四": 4, "五": 5, "六": 6, "七": 7, "八": 8, "九": 9}
+
+
+class Lexicon(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Word lists of the guards (``schemas/verification.yaml``)."""
+
+    negations: list[str]
+    opposites: list[tuple[str, str]]
+    entities: list[list[str]]
+    function_words: list[str]
+
+    @classmethod
+    def load(cls, path: Path) -> Lexicon:
+        try:
+            return msgspec.convert(yaml.safe_load(path.read_text(encoding="utf-8")), cls)
+        except (OSError, yaml.YAMLError, msgspec.ValidationError) as exc:
+            raise ValueError(f"verification lexicon {path}: {exc}") from exc
+
+
+def _alternation(words: Sequence[str]) -> re.Pattern[str]:
+    """Longest first, so "余额宝" is found as itself and not as "余额"; Latin words whole."""
+    parts = []
+    for word in sorted({w.lower() for w in words}, key=len, reverse=True):
+        escaped = re.escape(word)
+        parts.append(rf"(?<![a-z]){escaped}(?![a-z])" if word.isascii() else escaped)
+    return re.compile("|".join(parts))
+
+
+def _chinese_number(text: str) -> str:
+    """"三" -> "3", "十二" -> "12"; anything more complex is kept as written."""
+    if all(c in _CN_DIGITS for c in text):
+        return "".join(str(_CN_DIGITS[c]) for c in text)
+    if text.startswith("十") and len(text) <= 2 and all(c in _CN_DIGITS for c in text[1:]):
+        return str(10 + (_CN_DIGITS[text[1]] if len(text) == 2 else 0))
+    if len(text) in (2, 3) and text[1] == "十" and text[0] in _CN_DIGITS and all(c in _CN_DIGITS for c in text[2:]):
+        return str(_CN_DIGITS[text[0]] * 10 + (_CN_DIGITS[text[2]] if len(text) == 3 else 0))
+    return text
+
+
+class Signals(msgspec.Struct, frozen=True):
+    """What the guards found in one pair."""
+
+    numbers_differ: bool
+    negation_differs: bool
+    opposite_operations: bool
+    entities_differ: bool
+
+    @property
+    def rejection(self) -> str | None:
+        for reason, found in (
+            (NUMBERS_DIFFER, self.numbers_differ),
+            (NEGATION_DIFFERS, self.negation_differs),
+            (OPPOSITE_OPERATIONS, self.opposite_operations),
+            (ENTITIES_DIFFER, self.entities_differ),
+        ):
+            if found:
+                return reason
+        return None
+
+
+class PairAnalyzer:
+    """Guards and features of question pairs, from one lexicon."""
+
+    def __init__(self, lexicon: Lexicon) -> None:
+        self._negation = _alternation(lexicon.negations)
+        self._opposites = [(_alternation([a]), _alternation([b])) for a, b in lexicon.opposites]
+        self._entity_of: dict[str, int] = {}
+        for group_id, group in enumerate(lexicon.entities):
+            for name in group:
+                self._entity_of[name.lower()] = group_id
+        self._entities = _alternation(list(self._entity_of))
+        self._function_words = {w.lower() for w in lexicon.function_words}
+
+    @staticmethod
+    def prepare(text: str) -> str:
+        return normalize_text(text).lower()
+
+    def numbers(self, text: str) -> list[str]:
+        return sorted(_chinese_number(n) for n in _NUMBER.findall(text))
+
+    def entities(self, text: str) -> set[int]:
+        return {self._entity_of[m] for m in self._entities.findall(text)}
+
+    def signals(self, asked: str, cached: str) -> Signals:
+        a, b = self.prepare(asked), self.prepare(cached)
+        negation_parity = (len(self._negation.findall(a)) - len(self._negation.findall(b))) % 2 == 1
+        opposite = any(
+            (first.search(a) and second.search(b) and not second.search(a) and not first.search(b))
+            or (second.search(a) and first.search(b) and not first.search(a) and not second.search(b))
+            for first, second in self._opposites
+        )
+        return Signals(
+            numbers_differ=self.numbers(a) != self.numbers(b),
+            negation_differs=negation_parity,
+            opposite_operations=bool(opposite),
+            entities_differ=self.entities(a) != self.entities(b),
+        )
+
+    def content_tokens(self, text: str) -> list[str]:
+        return [t for t in _TOKEN.findall(text) if t not in self._function_words]
+
+    def features(self, asked: str, cached: str, similarity: float) -> list[float]:
+        """The verifier's inputs for one pair; names in :data:`FEATURE_NAMES`, same order."""
+        a, b = self.prepare(asked), self.prepare(cached)
+        values = [similarity]
+        for n in (1, 2, 3):
+            grams_a, grams_b = _grams(a, n), _grams(b, n)
+            shared = len(grams_a & grams_b)
+            values += [shared / max(1, len(grams_a | grams_b)), shared / max(1, min(len(grams_a), len(grams_b)))]
+        tokens_a, tokens_b = self.content_tokens(a), self.content_tokens(b)
+        set_a, set_b = set(tokens_a), set(tokens_b)
+        only_a, only_b = len(set_a - set_b), len(set_b - set_a)
+        values += [
+            len(set_a & set_b) / max(1, len(set_a | set_b)),
+            float(min(only_a, only_b)),
+            float(max(only_a, only_b)),
+            (only_a + only_b) / max(1, len(set_a) + len(set_b)),
+            min(len(a), len(b)) / max(1, len(a), len(b)),
+            float(abs(len(a) - len(b))),
+            (len(a) + len(b)) / 2.0,
+            difflib.SequenceMatcher(None, a, b, autojunk=False).ratio(),
+        ]
+        signals = self.signals(asked, cached)
+        values += [float(signals.numbers_differ), float(signals.negation_differs),
+                   float(signals.opposite_operations), float(signals.entities_differ)]
+        return values
+
+
+FEATURE_NAMES = (
+    "cosine",
+    "char1_jaccard", "char1_containment", "char2_jaccard", "char2_containment", "char3_jaccard", "char3_containment",
+    "content_jaccard", "content_only_min", "content_only_max", "content_only_share",
+    "length_ratio", "length_difference", "length_mean", "sequence_ratio",
+    "numbers_differ", "negation_differs", "opposite_operations", "entities_differ",
+)
+
+
+def _grams(text: str, n: int) -> set[str]:
+    compact = text.replace(" ", "")
+    if len(compact) < n:
+        return {compact} if compact else set()
+    return {compact[i : i + n] for i in range(len(compact) - n + 1)}
+
+
+class TreeEnsemble(msgspec.Struct, frozen=True, kw_only=True):
+    """A binary gradient-boosted tree ensemble: sigmoid(baseline + sum of leaf values).
+
+    Each tree is stored as parallel arrays; a node with ``feature < 0`` is a leaf. A sample goes
+    left when its feature value is <= the threshold.
+    """
+
+    baseline: float
+    feature: list[list[int]]
+    threshold: list[list[float]]
+    left: list[list[int]]
+    right: list[list[int]]
+    value: list[list[float]]
+
+    def probability_row(self, row: Sequence[float]) -> float:
+        """P(same intent) of one pair: plain Python, far cheaper than numpy for a single row."""
+        raw = self.baseline
+        for feature, threshold, left, right, value in zip(
+            self.feature, self.threshold, self.left, self.right, self.value, strict=True
+        ):
+            node = 0
+            while feature[node] >= 0:
+                node = left[node] if row[feature[node]] <= threshold[node] else right[node]
+            raw += value[node]
+        return 1.0 / (1.0 + math.exp(-raw))
+
+    def probability(self, features: np.ndarray) -> np.ndarray:
+        """P(same intent) for each row of a (n, n_features) matrix (batch evaluation)."""
+        rows = np.asarray(features, dtype=np.float64)
+        raw = np.full(rows.shape[0], self.baseline)
+        every = np.arange(rows.shape[0])
+        for feature, threshold, left, right, value in zip(
+            self.feature, self.threshold, self.left, self.right, self.value, strict=True
+        ):
+            f, t, lft, rgt, v = (np.asarray(x) for x in (feature, threshold, left, right, value))
+            node = np.zeros(rows.shape[0], dtype=np.int64)
+            active = f[node] >= 0
+            while active.any():
+                idx = every[active]
+                current = node[idx]
+                goes_left = rows[idx, f[current]] <= t[current]
+                node[idx] = np.where(goes_left, lft[current], rgt[current])
+                active = f[node] >= 0
+            raw += v[node]
+        return 1.0 / (1.0 + np.exp(-raw))
+
+
+class VerifierArtifact(msgspec.Struct, frozen=True, kw_only=True):
+    """The committed, trained verifier and how it was made.
+
+    Attributes:
+        features: Feature names, in the order the model expects.
+        model: The tree ensemble.
+        trained_on: Data files (name, rows, sha256) and the command that produced the artifact.
+        checks: Sample pairs with the probability training computed, to detect drift on load.
+    """
+
+    features: list[str]
+    model: TreeEnsemble
+    trained_on: dict[str, Any]
+    checks: list[dict[str, Any]] = msgspec.field(default_factory=list)
+
+    @classmethod
+    def load(cls, path: Path) -> VerifierArtifact:
+        try:
+            artifact = msgspec.json.decode(path.read_bytes(), type=cls)
+        except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise ValueError(f"verifier artifact {path}: {exc}") from exc
+        if tuple(artifact.features) != FEATURE_NAMES:
+            raise ValueError(f"verifier artifact {path} was trained on other features; run `make train-verifier`")
+        return artifact
+
+
+class PairVerifier:
+    """The verification stage, as the service and ``strata calibrate`` run it."""
+
+    def __init__(self, analyzer: PairAnalyzer, model: TreeEnsemble | None) -> None:
+        self.analyzer = analyzer
+        self.model = model
+
+    @classmethod
+    def from_files(cls, lexicon_path: Path, artifact_path: Path | None) -> PairVerifier:
+        model = VerifierArtifact.load(artifact_path).model if artifact_path is not None else None
+        return cls(PairAnalyzer(Lexicon.load(lexicon_path)), model)
+
+    def probability(self, asked: str, cached: str, similarity: float) -> float:
+        """P(same intent) by the learned verifier; 0 without one, so the band never serves."""
+        if self.model is None:
+            return 0.0
+        return self.model.probability_row(self.analyzer.features(asked, cached, similarity))
+
+    def verify(self, asked: str, cached: str, similarity: float, policy: SemanticPolicy) -> Verdict:
+        """Decide whether the answer cached for ``cached`` may serve ``asked``.
+
+        Args:
+            asked: The new question.
+            cached: The cached question that is the candidate.
+            similarity: Their cosine similarity.
+            policy: The category's semantic policy.
+
+        Returns:
+            The decision and its reason.
+        """
+        if similarity < policy.threshold:
+            return Verdict(False, BELOW_THRESHOLD)
+        rejection = self.analyzer.signals(asked, cached).rejection
+        if rejection is not None:
+            return Verdict(False, rejection)
+        if similarity >= policy.accept_above:
+            return Verdict(True, ABOVE_BAND)
+        if self.probability(asked, cached, similarity) >= policy.min_probability:
+            return Verdict(True, VERIFIED)
+        return Verdict(False, VERIFIER_REJECTED)

@@ -1,0 +1,348 @@
+"""Calibration of the semantic layer on labelled question pairs: evaluate, fit, train.
+
+A pair ``(sentence1, sentence2, label)`` reads: ``sentence1`` is cached, ``sentence2`` arrives in
+the same scope; label 1 means the cached answer is right for it. Every decision here is made by
+:meth:`app.cache.verify.PairVerifier.verify`, the code path the service runs.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from app.cache.keys import normalize_text
+from app.cache.verify import FEATURE_NAMES, PairVerifier, TreeEnsemble, VerifierArtifact
+from app.embed import Encoder
+from app.policy import SemanticPolicy
+
+REQUIRED_COLUMNS = ("sentence1", "sentence2", "label")
+
+
+class PairsFileError(ValueError):
+    """A pairs file that cannot be used; the message is one line for the user."""
+
+
+@dataclass(frozen=True)
+class Pair:
+    cached: str
+    asked: str
+    label: int
+
+
+def read_pairs(path: Path) -> list[Pair]:
+    """Read a ``sentence1,sentence2,label`` CSV (UTF-8, byte-order mark allowed).
+
+    Raises:
+        PairsFileError: Unreadable, not UTF-8, missing columns, a label other than 0/1, or no rows.
+    """
+    try:
+        text = path.read_bytes().decode("utf-8-sig")
+    except OSError as exc:
+        raise PairsFileError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise PairsFileError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
+    reader = csv.DictReader(io.StringIO(text))
+    missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
+    if missing:
+        raise PairsFileError(f"{path}: missing column(s) {', '.join(missing)}; the header must be sentence1,sentence2,label")
+    pairs = []
+    for line, row in enumerate(reader, start=2):
+        label = (row["label"] or "").strip()
+        if label not in ("0", "1"):
+            raise PairsFileError(f"{path}:{line}: label must be 0 or 1, got {label!r}")
+        cached, asked = (row["sentence1"] or "").strip(), (row["sentence2"] or "").strip()
+        if not cached or not asked:
+            raise PairsFileError(f"{path}:{line}: empty sentence")
+        pairs.append(Pair(cached=cached, asked=asked, label=int(label)))
+    if not pairs:
+        raise PairsFileError(f"{path}: no pairs")
+    return pairs
+
+
+def write_pairs(pairs: Sequence[Pair], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(REQUIRED_COLUMNS)
+        for pair in pairs:
+            writer.writerow([pair.cached, pair.asked, pair.label])
+
+
+def _bucket(text: str) -> int:
+    """A stable 0..99 bucket of a text: deterministic splits without a random generator."""
+    return int(hashlib.sha256(text.encode("utf-8")).hexdigest()[:8], 16) % 100
+
+
+def split_pairs(pairs: Sequence[Pair], held_out_percent: int) -> tuple[list[Pair], list[Pair]]:
+    """(kept, held out), by a stable hash of the cached sentence, so a sentence stays on one side."""
+    kept, held = [], []
+    for pair in pairs:
+        (held if _bucket(pair.cached) < held_out_percent else kept).append(pair)
+    return kept, held
+
+
+def qqp_hard(path: Path, split: str) -> list[Pair]:
+    """Quora duplicates with hard negatives, deterministically.
+
+    The questions are split by a stable hash of their duplicate cluster (``train``: buckets 0-49,
+    ``eval``: 50-99). Within a split every positive pair ``(origin, similar)`` is kept, and each
+    origin is also paired with the lexically nearest ``similar`` (TF-IDF over character 2-4-grams)
+    of another cluster: a hard negative. Pairs linked through a shared duplicate are one cluster.
+
+    Args:
+        path: ``qqp_similar.json``.
+        split: ``train`` or ``eval``.
+    """
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    rows = json.loads(path.read_text(encoding="utf-8"))
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        parent.setdefault(x, x)
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for row in rows:
+        a, b = find(row["origin"]), find(row["similar"])
+        if a != b:
+            parent[max(a, b)] = min(a, b)
+    wanted = range(0, 50) if split == "train" else range(50, 100)
+    chosen = [r for r in rows if _bucket(find(r["origin"])) in wanted]
+    origins = [r["origin"] for r in chosen]
+    similars = [r["similar"] for r in chosen]
+    clusters = np.array([find(o) for o in origins])
+    vectorizer = TfidfVectorizer(analyzer="char_wb", ngram_range=(2, 4), lowercase=True, dtype=np.float32)
+    vectorizer.fit(origins + similars)
+    origin_matrix, similar_matrix = vectorizer.transform(origins), vectorizer.transform(similars)
+    pairs = [Pair(cached=o, asked=s, label=1) for o, s in zip(origins, similars, strict=True)]
+    for start in range(0, len(origins), 1000):
+        scores = (origin_matrix[start : start + 1000] @ similar_matrix.T).toarray()
+        same_cluster = clusters[start : start + 1000, None] == clusters[None, :]
+        scores[same_cluster] = -1.0
+        for offset, best in enumerate(scores.argmax(axis=1)):
+            pairs.append(Pair(cached=origins[start + offset], asked=similars[best], label=0))
+    return pairs
+
+
+def similarities(pairs: Sequence[Pair], encoder: Encoder, batch: int = 128) -> np.ndarray:
+    """Cosine similarity of each pair, embedding the normalised text as the service does."""
+    texts = sorted({normalize_text(t) for p in pairs for t in (p.cached, p.asked)})
+    index = {t: i for i, t in enumerate(texts)}
+    vectors = np.concatenate([encoder.encode(texts[i : i + batch]) for i in range(0, len(texts), batch)])
+    left = vectors[[index[normalize_text(p.cached)] for p in pairs]]
+    right = vectors[[index[normalize_text(p.asked)] for p in pairs]]
+    return np.einsum("ij,ij->i", left, right)
+
+
+@dataclass(frozen=True)
+class Score:
+    precision: float
+    recall: float
+    hits: int
+    positives: int
+    pairs: int
+
+    def line(self) -> str:
+        return (f"precision={self.precision:.4f} recall={self.recall:.4f} hits={self.hits} "
+                f"positives={self.positives} pairs={self.pairs}")
+
+
+def score(decisions: np.ndarray, labels: np.ndarray) -> Score:
+    hits = int(decisions.sum())
+    true_hits = int((decisions & (labels == 1)).sum())
+    positives = int((labels == 1).sum())
+    return Score(
+        precision=true_hits / hits if hits else 1.0,
+        recall=true_hits / positives if positives else 0.0,
+        hits=hits,
+        positives=positives,
+        pairs=len(labels),
+    )
+
+
+def evaluate(pairs: Sequence[Pair], sims: np.ndarray, verifier: PairVerifier, policy: SemanticPolicy) -> tuple[Score, dict[str, int]]:
+    """The service's decision for every pair; returns the score and the count of each reason."""
+    decisions = np.zeros(len(pairs), dtype=bool)
+    reasons: dict[str, int] = {}
+    for i, (pair, similarity) in enumerate(zip(pairs, sims, strict=True)):
+        verdict = verifier.verify(normalize_text(pair.asked), normalize_text(pair.cached), float(similarity), policy)
+        decisions[i] = verdict.accepted
+        reasons[verdict.reason] = reasons.get(verdict.reason, 0) + 1
+    return score(decisions, np.array([p.label for p in pairs])), reasons
+
+
+# --- fitting -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PairTable:
+    """Everything a policy decision needs, precomputed per pair."""
+
+    similarity: np.ndarray
+    guard_ok: np.ndarray
+    probability: np.ndarray
+    label: np.ndarray
+
+
+def tabulate(pairs: Sequence[Pair], sims: np.ndarray, verifier: PairVerifier) -> PairTable:
+    analyzer = verifier.analyzer
+    guard_ok, features = [], []
+    for pair, similarity in zip(pairs, sims, strict=True):
+        asked, cached = normalize_text(pair.asked), normalize_text(pair.cached)
+        guard_ok.append(analyzer.signals(asked, cached).rejection is None)
+        features.append(analyzer.features(asked, cached, float(similarity)))
+    probability = verifier.model.probability(np.array(features)) if verifier.model else np.zeros(len(pairs))
+    return PairTable(np.asarray(sims), np.array(guard_ok), probability, np.array([p.label for p in pairs]))
+
+
+def decide(table: PairTable, policy: SemanticPolicy) -> np.ndarray:
+    """Vectorised :meth:`PairVerifier.verify` over a table (tested to agree with it)."""
+    gate = (table.similarity >= policy.threshold) & table.guard_ok
+    return gate & ((table.similarity >= policy.accept_above) | (table.probability >= policy.min_probability))
+
+
+def fit(table: PairTable, target_precision: float, min_hits: int = 20) -> tuple[SemanticPolicy, Score] | None:
+    """The policy with the highest recall whose precision reaches the target on the table.
+
+    A policy counts only with at least ``min_hits`` hits, so that a handful of lucky pairs does
+    not pass for precision. Of policies with equal recall the one with the highest cosine
+    threshold wins: fewer candidates reach the learned verifier.
+    """
+    best: tuple[SemanticPolicy, Score] | None = None
+    thresholds = np.round(np.arange(0.98, 0.499, -0.02), 2)
+    probabilities = np.round(np.concatenate([np.arange(0.5, 0.95, 0.05), np.arange(0.95, 1.0, 0.005)]), 3)
+    for threshold in thresholds:
+        # accept_above 1.0: only identical questions skip the learned verifier.
+        for accept_above in (1.0, 0.995, 0.99, 0.98, 0.97):
+            if accept_above < threshold:
+                continue
+            for min_probability in probabilities:
+                policy = SemanticPolicy(threshold=float(threshold), accept_above=accept_above,
+                                        min_probability=float(min_probability))
+                result = score(decide(table, policy), table.label)
+                if result.hits < min_hits or result.precision < target_precision:
+                    continue
+                if best is None or result.recall > best[1].recall:
+                    best = (policy, result)
+    return best
+
+
+def cosine_only_recall(table: PairTable, target_precision: float, min_hits: int = 20) -> tuple[float, float | None]:
+    """Recall of cosine alone at the target precision, and the threshold that gives it."""
+    order = np.argsort(-table.similarity)
+    labels = table.label[order]
+    true_hits = np.cumsum(labels)
+    precision = true_hits / np.arange(1, len(labels) + 1)
+    ok = np.where((precision >= target_precision) & (np.arange(1, len(labels) + 1) >= min_hits))[0]
+    if not len(ok):
+        return 0.0, None
+    last = ok.max()
+    return float(true_hits[last] / max(1, labels.sum())), float(table.similarity[order][last])
+
+
+def plot(table: PairTable, policy: SemanticPolicy, output: Path, title: str) -> None:
+    """Precision-recall curves: cosine alone, and the verifier's probability under the policy's gate."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def curve(scores: np.ndarray, eligible: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        order = np.argsort(-np.where(eligible, scores, -np.inf))
+        hits = eligible[order]
+        labels = table.label[order] * hits
+        true_hits = np.cumsum(labels)
+        counted = np.cumsum(hits)
+        keep = hits
+        return (true_hits / max(1, table.label.sum()))[keep], (true_hits / np.maximum(counted, 1))[keep]
+
+    figure, axis = plt.subplots(figsize=(7, 5), dpi=110)
+    recall, precision = curve(table.similarity, np.ones(len(table.label), dtype=bool))
+    axis.plot(recall, precision, label="cosine similarity alone")
+    gate = (table.similarity >= policy.threshold) & table.guard_ok
+    recall, precision = curve(table.probability, gate)
+    axis.plot(recall, precision, label=f"guards + verifier (cosine >= {policy.threshold:.2f})")
+    chosen = score(decide(table, policy), table.label)
+    axis.scatter([chosen.recall], [chosen.precision], color="black", zorder=3,
+                 label=f"chosen policy: P={chosen.precision:.3f} R={chosen.recall:.3f}")
+    axis.axhline(0.99, color="grey", linestyle=":", linewidth=1)
+    axis.set(xlabel="recall (true paraphrases served)", ylabel="precision (hits that are right)",
+             title=title, xlim=(0, 1), ylim=(0.3, 1.005))
+    axis.legend(loc="lower left")
+    figure.tight_layout()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(output)
+    plt.close(figure)
+
+
+# --- training ------------------------------------------------------------------------------------
+
+
+def export_trees(model: Any) -> TreeEnsemble:
+    """A fitted sklearn HistGradientBoostingClassifier (binary) as a plain tree ensemble."""
+    feature, threshold, left, right, value = [], [], [], [], []
+    for (predictor,) in model._predictors:
+        nodes = predictor.nodes
+        feature.append([int(f) if not leaf else -1 for f, leaf in zip(nodes["feature_idx"], nodes["is_leaf"], strict=True)])
+        threshold.append([float(t) for t in nodes["num_threshold"]])
+        left.append([int(x) for x in nodes["left"]])
+        right.append([int(x) for x in nodes["right"]])
+        value.append([float(v) for v in nodes["value"]])
+    baseline = float(np.asarray(model._baseline_prediction).ravel()[0])
+    return TreeEnsemble(baseline=baseline, feature=feature, threshold=threshold, left=left, right=right, value=value)
+
+
+def features_of(pairs: Sequence[Pair], sims: np.ndarray, verifier: PairVerifier) -> np.ndarray:
+    analyzer = verifier.analyzer
+    return np.array([
+        analyzer.features(normalize_text(p.asked), normalize_text(p.cached), float(s))
+        for p, s in zip(pairs, sims, strict=True)
+    ])
+
+
+def train(sources: dict[str, list[Pair]], sims: dict[str, np.ndarray], verifier: PairVerifier, command: str,
+          data_files: dict[str, Path]) -> VerifierArtifact:
+    """Train the verifier on the given pairs; deterministic (fixed seed, no early stopping)."""
+    from sklearn.ensemble import HistGradientBoostingClassifier
+
+    matrix = np.concatenate([features_of(sources[name], sims[name], verifier) for name in sources])
+    labels = np.concatenate([[p.label for p in sources[name]] for name in sources])
+    model = HistGradientBoostingClassifier(
+        max_iter=250, learning_rate=0.06, max_leaf_nodes=15, min_samples_leaf=40, l2_regularization=1.0,
+        early_stopping=False, random_state=0,
+    )
+    model.fit(matrix, labels)
+    ensemble = export_trees(model)
+    sklearn_probability = model.predict_proba(matrix)[:, 1]
+    exported = ensemble.probability(matrix)
+    if not np.allclose(sklearn_probability, exported, atol=1e-9):
+        raise RuntimeError("exported trees disagree with the trained model")
+    rng = np.random.default_rng(0)
+    sample = rng.choice(len(labels), size=min(40, len(labels)), replace=False)
+    everything = [p for name in sources for p in sources[name]]
+    checks = [{"cached": everything[i].cached, "asked": everything[i].asked,
+               "similarity": float(matrix[i, 0]), "probability": float(exported[i])} for i in sorted(sample)]
+    trained_on = {
+        "command": command,
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "model": "sklearn HistGradientBoostingClassifier, exported to JSON trees",
+        "embedder": getattr(verifier, "embedder_name", ""),
+        "data": {name: {"pairs": len(sources[name]), "positives": sum(p.label for p in sources[name]),
+                        **({"file": data_files[name].name,
+                            "sha256": hashlib.sha256(data_files[name].read_bytes()).hexdigest()}
+                           if name in data_files else {})}
+                 for name in sources},
+    }
+    return VerifierArtifact(features=list(FEATURE_NAMES), model=ensemble, trained_on=trained_on, checks=checks)

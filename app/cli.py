@@ -1,0 +1,182 @@
+"""The ``strata`` command.
+
+    strata calibrate evaluate --pairs FILE.csv [--category NAME]
+    strata calibrate fit --pairs FILE.csv --target-precision 0.99 [--category NAME ...] [--plot FILE.png]
+    strata calibrate train [--data-dir DIR] [--out schemas/verifier.json]
+    strata calibrate qqp-hard --split eval|train --out FILE.csv [--data-dir DIR]
+
+Settings (embedder, policy file, verifier files) come from the same ``STRATA_*`` environment
+variables as the service, so the decisions are the ones the service would make.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from app.settings import PROJECT_ROOT, Settings
+
+DEFAULT_DATA = PROJECT_ROOT.parent / "shared" / "data"
+
+
+def _fail(message: str) -> int:
+    print(f"strata: {message}", file=sys.stderr)
+    return 2
+
+
+def _context(settings: Settings):  # noqa: ANN202 - a small tuple of loaded parts
+    from app.embed import load_encoder
+    from app.lifespan import load_verifier
+    from app.policy import Policy
+
+    return Policy.load(settings.resolve(settings.policy_file)), load_encoder(settings.embedder, settings.embedder_model), load_verifier(settings)
+
+
+def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
+    from app.calibrate import PairsFileError, evaluate, read_pairs, similarities
+
+    try:
+        pairs = read_pairs(Path(args.pairs))
+    except PairsFileError as exc:
+        return _fail(str(exc))
+    policy, encoder, verifier = _context(settings)
+    category = policy.get(args.category)
+    if category is None:
+        return _fail(f"unknown category {args.category!r}; known: {', '.join(sorted(policy.categories))}")
+    started = time.perf_counter()
+    sims = similarities(pairs, encoder)
+    result, reasons = evaluate(pairs, sims, verifier, category.semantic)
+    elapsed = time.perf_counter() - started
+    rules = category.semantic
+    print(f"pairs file: {args.pairs}")
+    print(f"category: {category.name} (threshold {rules.threshold}, accept_above {rules.accept_above}, "
+          f"min_probability {rules.min_probability}); embedder: {encoder.name}")
+    print("decisions by reason: " + ", ".join(f"{k}={v}" for k, v in sorted(reasons.items())))
+    print(f"took {elapsed:.1f} s")
+    print(result.line())
+    return 0
+
+
+def cmd_fit(args: argparse.Namespace, settings: Settings) -> int:
+    from app.calibrate import PairsFileError, cosine_only_recall, fit, plot, read_pairs, similarities, tabulate
+
+    if not 0.0 < args.target_precision <= 1.0:
+        return _fail("--target-precision must be in (0, 1]")
+    try:
+        pairs = read_pairs(Path(args.pairs))
+    except PairsFileError as exc:
+        return _fail(str(exc))
+    policy, encoder, verifier = _context(settings)
+    categories = args.category or sorted(policy.categories)
+    unknown = [c for c in categories if c not in policy.categories]
+    if unknown:
+        return _fail(f"unknown category {unknown[0]!r}; known: {', '.join(sorted(policy.categories))}")
+    table = tabulate(pairs, similarities(pairs, encoder), verifier)
+    cosine_recall, cosine_threshold = cosine_only_recall(table, args.target_precision)
+    where = f"threshold {cosine_threshold:.3f}" if cosine_threshold is not None else "no threshold reaches it"
+    print(f"cosine alone at precision >= {args.target_precision}: recall {cosine_recall:.4f} ({where})")
+    best = fit(table, args.target_precision)
+    if best is None:
+        print(f"no policy reaches precision {args.target_precision} with at least 20 hits on {args.pairs}")
+        print("recommendation: keep the semantic layer off for these categories (semantic.enabled: false)")
+        return 0
+    chosen, result = best
+    print(f"guards + verifier: {result.line()}")
+    print("recommended policy (schemas/policy.yaml):")
+    for name in categories:
+        print(f"  {name}:\n    semantic: {{enabled: true, threshold: {chosen.threshold:.2f}, "
+              f"accept_above: {chosen.accept_above:.3f}, min_probability: {chosen.min_probability:.3f}}}")
+    plot(table, chosen, Path(args.plot), f"{Path(args.pairs).name}: target precision {args.target_precision}")
+    print(f"precision-recall plot: {args.plot}")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace, settings: Settings) -> int:
+    import msgspec
+
+    from app.calibrate import qqp_hard, read_pairs, similarities, split_pairs, train, write_pairs
+    from app.embed import load_encoder
+    from app.lifespan import load_verifier
+
+    data = Path(args.data_dir)
+    afqmc_file, qqp_file = data / "afqmc_train.csv", data / "qqp_similar.json"
+    for needed in (afqmc_file, qqp_file):
+        if not needed.exists():
+            return _fail(f"training data not found: {needed}")
+    encoder = load_encoder(settings.embedder, settings.embedder_model)
+    verifier = load_verifier(msgspec.structs.replace(settings, verifier_artifact=""))
+    afqmc_fit, afqmc_calibration = split_pairs(read_pairs(afqmc_file), args.held_out)
+    qqp_fit, qqp_calibration = split_pairs(qqp_hard(qqp_file, "train"), args.held_out)
+    calibration_dir = PROJECT_ROOT / ".run" / "calibration"
+    write_pairs(afqmc_calibration, calibration_dir / "afqmc_train_heldout.csv")
+    write_pairs(qqp_calibration, calibration_dir / "qqp_hard_train_heldout.csv")
+    sources = {"afqmc_train": afqmc_fit, "qqp_hard_train": qqp_fit}
+    print(f"training on {len(afqmc_fit)} AFQMC train pairs and {len(qqp_fit)} QQP-hard train pairs; "
+          f"held out for fitting the policy: {len(afqmc_calibration)} + {len(qqp_calibration)} in {calibration_dir}")
+    sims = {name: similarities(pairs, encoder) for name, pairs in sources.items()}
+    verifier.embedder_name = encoder.name  # type: ignore[attr-defined]
+    artifact = train(sources, sims, verifier, "make train-verifier",
+                     {"afqmc_train": afqmc_file, "qqp_hard_train": qqp_file})
+    Path(args.out).write_bytes(msgspec.json.format(msgspec.json.encode(artifact), indent=1))
+    trees = len(artifact.model.value)
+    print(f"wrote {args.out} ({trees} trees, {Path(args.out).stat().st_size // 1024} KiB)")
+    return 0
+
+
+def cmd_qqp_hard(args: argparse.Namespace, settings: Settings) -> int:
+    from app.calibrate import qqp_hard, write_pairs
+
+    source = Path(args.data_dir) / "qqp_similar.json"
+    if not source.exists():
+        return _fail(f"not found: {source}")
+    pairs = qqp_hard(source, args.split)
+    write_pairs(pairs, Path(args.out))
+    print(f"wrote {len(pairs)} pairs ({sum(p.label for p in pairs)} positives) to {args.out}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="strata", description="Strata command line.")
+    commands = root.add_subparsers(dest="command", required=True)
+    calibrate = commands.add_parser("calibrate", help="measure and tune the semantic layer on labelled pairs")
+    steps = calibrate.add_subparsers(dest="step", required=True)
+
+    evaluate = steps.add_parser("evaluate", help="precision and recall of the service's decisions on a pairs file")
+    evaluate.add_argument("--pairs", required=True, help="CSV with header sentence1,sentence2,label")
+    evaluate.add_argument("--category", default=None, help="policy category (default: the policy's default)")
+    evaluate.set_defaults(run=cmd_evaluate)
+
+    fit_step = steps.add_parser("fit", help="recommend thresholds for a target precision, and plot the trade-off")
+    fit_step.add_argument("--pairs", required=True)
+    fit_step.add_argument("--target-precision", type=float, required=True)
+    fit_step.add_argument("--category", action="append", help="category to recommend for (repeatable; default all)")
+    fit_step.add_argument("--plot", default="calibration.png", help="PNG to write")
+    fit_step.set_defaults(run=cmd_fit)
+
+    train_step = steps.add_parser("train", help="train the learned verifier (make train-verifier)")
+    train_step.add_argument("--data-dir", default=str(DEFAULT_DATA))
+    train_step.add_argument("--out", default=str(PROJECT_ROOT / "schemas" / "verifier.json"))
+    train_step.add_argument("--held-out", type=int, default=20, help="percent of each source kept out for fitting")
+    train_step.set_defaults(run=cmd_train)
+
+    qqp = steps.add_parser("qqp-hard", help="write the deterministic QQP pairs with hard negatives")
+    qqp.add_argument("--split", choices=("train", "eval"), default="eval")
+    qqp.add_argument("--out", required=True)
+    qqp.add_argument("--data-dir", default=str(DEFAULT_DATA))
+    qqp.set_defaults(run=cmd_qqp_hard)
+    return root
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        settings = Settings.from_env()
+    except ValueError as exc:
+        return _fail(str(exc))
+    return int(args.run(args, settings))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

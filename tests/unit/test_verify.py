@@ -1,0 +1,119 @@
+"""The verification stage: guards in both languages, the committed verifier, one decision path."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from app.cache.verify import (
+    ABOVE_BAND,
+    BELOW_THRESHOLD,
+    ENTITIES_DIFFER,
+    NEGATION_DIFFERS,
+    NUMBERS_DIFFER,
+    OPPOSITE_OPERATIONS,
+    VERIFIED,
+    VERIFIER_REJECTED,
+    FEATURE_NAMES,
+    Lexicon,
+    PairAnalyzer,
+    PairVerifier,
+    VerifierArtifact,
+)
+from app.calibrate import PairTable, decide
+from app.policy import SemanticPolicy
+from app.settings import PROJECT_ROOT
+
+LEXICON = PROJECT_ROOT / "schemas" / "verification.yaml"
+ARTIFACT = PROJECT_ROOT / "schemas" / "verifier.json"
+analyzer = PairAnalyzer(Lexicon.load(LEXICON))
+
+
+@pytest.mark.parametrize(("asked", "cached", "reason"), [
+    ("怎么退款", "怎么开发票", ENTITIES_DIFFER),
+    ("花呗怎么还款", "借呗怎么还款", ENTITIES_DIFFER),
+    ("How do I get a refund?", "How do I get an invoice?", ENTITIES_DIFFER),
+    ("退款100元多久到账", "退款200元多久到账", NUMBERS_DIFFER),
+    ("订单12345在哪", "订单12346在哪", NUMBERS_DIFFER),
+    ("分三期怎么还", "分6期怎么还", NUMBERS_DIFFER),
+    ("Can I return it within 7 days?", "Can I return it within 30 days?", NUMBERS_DIFFER),
+    ("花呗能用吗", "花呗不能用吗", NEGATION_DIFFERS),
+    ("Why can I log in?", "Why can't I log in?", NEGATION_DIFFERS),
+    ("怎么开通花呗", "怎么关闭花呗", OPPOSITE_OPERATIONS),
+    ("怎么取消自动续费", "怎么恢复自动续费", OPPOSITE_OPERATIONS),
+    ("How do I enable two-factor login?", "How do I disable two-factor login?", OPPOSITE_OPERATIONS),
+    ("How do I increase my limit?", "How do I decrease my limit?", OPPOSITE_OPERATIONS),
+])
+def test_guards_catch_mismatches_in_both_languages(asked: str, cached: str, reason: str) -> None:
+    assert analyzer.signals(asked, cached).rejection == reason
+
+
+@pytest.mark.parametrize(("asked", "cached"), [
+    ("怎么退款", "退款怎么申请"),
+    ("蚂蚁花呗怎么还款", "花呗如何还款"),  # names of one product are interchangeable
+    ("余额宝怎么转出", "余额宝如何转出"),  # "余额宝" is not read as "余额"
+    ("How do I reset my password?", "How can I reset my password?"),
+    ("退款3天到账吗", "退款三天能到账吗"),  # 3 and 三 are the same number
+    ("Can I open an account?", "Can I open a new account?"),
+])
+def test_guards_let_true_paraphrases_through(asked: str, cached: str) -> None:
+    assert analyzer.signals(asked, cached).rejection is None
+
+
+def test_the_refund_question_never_gets_the_invoice_answer_even_when_cosine_says_so() -> None:
+    verifier = PairVerifier.from_files(LEXICON, ARTIFACT)
+    lenient = SemanticPolicy(threshold=0.0, accept_above=0.0, min_probability=0.0)
+    verdict = verifier.verify("怎么退款", "怎么开发票", 0.999, lenient)
+    assert not verdict.accepted and verdict.reason == ENTITIES_DIFFER
+
+
+def test_bands() -> None:
+    verifier = PairVerifier.from_files(LEXICON, ARTIFACT)
+    policy = SemanticPolicy(threshold=0.8, accept_above=0.97, min_probability=0.5)
+    assert verifier.verify("How do I reset my password?", "How can I reset my password?", 0.5, policy).reason == BELOW_THRESHOLD
+    assert verifier.verify("How do I reset my password?", "How can I reset my password?", 0.98, policy).reason == ABOVE_BAND
+    in_band = verifier.verify("How do I reset my password?", "How can I reset my password?", 0.9, policy)
+    assert in_band.reason in (VERIFIED, VERIFIER_REJECTED)
+    never = SemanticPolicy(threshold=0.8, accept_above=1.0, min_probability=1.0)
+    assert verifier.verify("How do I reset my password?", "How can I reset my password?", 0.9, never).reason == VERIFIER_REJECTED
+    without_model = PairVerifier.from_files(LEXICON, None)
+    assert not without_model.verify("How do I reset my password?", "How can I reset my password?", 0.9, policy).accepted
+
+
+def test_the_committed_verifier_reproduces_its_training_decisions() -> None:
+    artifact = VerifierArtifact.load(ARTIFACT)
+    assert tuple(artifact.features) == FEATURE_NAMES and len(artifact.checks) >= 20
+    assert {"afqmc_train", "qqp_hard_train"} <= set(artifact.trained_on["data"])
+    assert "afqmc_dev" not in str(artifact.trained_on)  # never trained on the dev file
+    rows = [analyzer.features(c["asked"], c["cached"], c["similarity"]) for c in artifact.checks]
+    expected = np.array([c["probability"] for c in artifact.checks])
+    assert np.allclose(artifact.model.probability(np.array(rows)), expected, atol=1e-9)
+    assert np.allclose([artifact.model.probability_row(r) for r in rows], expected, atol=1e-9)
+
+
+def test_the_vectorised_fit_decision_agrees_with_verify() -> None:
+    verifier = PairVerifier.from_files(LEXICON, ARTIFACT)
+    pairs = [("怎么退款", "退款怎么申请"), ("怎么退款", "怎么开发票"), ("How do I reset my password?", "How can I reset my password?"),
+             ("What is the best laptop?", "What is a good laptop?"), ("花呗能用吗", "花呗不能用吗")]
+    sims = np.array([0.91, 0.95, 0.93, 0.85, 0.97])
+    table = PairTable(
+        similarity=sims,
+        guard_ok=np.array([analyzer.signals(a, c).rejection is None for a, c in pairs]),
+        probability=verifier.model.probability(np.array([analyzer.features(a, c, s) for (a, c), s in zip(pairs, sims)])),
+        label=np.zeros(len(pairs), dtype=int),
+    )
+    for policy in (SemanticPolicy(threshold=0.8, accept_above=0.95, min_probability=0.5),
+                   SemanticPolicy(threshold=0.9, accept_above=1.0, min_probability=0.9)):
+        one_by_one = [verifier.verify(a, c, s, policy).accepted for (a, c), s in zip(pairs, sims)]
+        assert decide(table, policy).tolist() == one_by_one
+
+
+def test_bad_lexicons_and_artifacts_are_rejected(tmp_path) -> None:
+    bad = tmp_path / "lexicon.yaml"
+    bad.write_text("negations: [不]\n")
+    with pytest.raises(ValueError, match="lexicon"):
+        Lexicon.load(bad)
+    broken = tmp_path / "verifier.json"
+    broken.write_text('{"features": ["cosine"]}')
+    with pytest.raises(ValueError, match="verifier artifact"):
+        VerifierArtifact.load(broken)
