@@ -16,7 +16,7 @@ The service and ``strata calibrate evaluate`` both decide through :meth:`PairVer
 
 from __future__ import annotations
 
-import difflib
+import bisect
 import math
 import re
 from collections.abc import Sequence
@@ -62,13 +62,26 @@ class Lexicon(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
             raise ValueError(f"verification lexicon {path}: {exc}") from exc
 
 
-def _alternation(words: Sequence[str]) -> re.Pattern[str]:
-    """Longest first, so "余额宝" is found as itself and not as "余额"; Latin words whole."""
-    parts = []
-    for word in sorted({w.lower() for w in words}, key=len, reverse=True):
-        escaped = re.escape(word)
-        parts.append(rf"(?<![a-z]){escaped}(?![a-z])" if word.isascii() else escaped)
-    return re.compile("|".join(parts))
+_WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
+
+
+class _Terms:
+    """Finds lexicon terms in lower-cased text: Latin terms as whole words (one or two words, by
+    set lookup on the text's tokens), other terms by one regex, longest first (so "余额宝" is
+    found as itself and not as "余额")."""
+
+    def __init__(self, terms: Sequence[str]) -> None:
+        lowered = {t.lower() for t in terms}
+        self._latin = {t for t in lowered if t.isascii()}
+        others = sorted((t for t in lowered if not t.isascii()), key=len, reverse=True)
+        self._other = re.compile("|".join(re.escape(t) for t in others)) if others else None
+
+    def find(self, text: str, words: Sequence[str]) -> list[str]:
+        found = [w for w in words if w in self._latin]
+        found += [f"{a} {b}" for a, b in zip(words, words[1:]) if f"{a} {b}" in self._latin]
+        if self._other is not None:
+            found += self._other.findall(text)
+        return found
 
 
 def _chinese_number(text: str) -> str:
@@ -103,88 +116,127 @@ class Signals(msgspec.Struct, frozen=True):
         return None
 
 
+class Profile(msgspec.Struct, frozen=True):
+    """Everything the guards and features need from one question, computed once."""
+
+    text: str
+    numbers: list[str]
+    negations: int
+    operations: frozenset[str]
+    entities: frozenset[int]
+    tokens: frozenset[str]
+    grams: tuple[frozenset[str], frozenset[str], frozenset[str]]
+    bigram_sequence: tuple[str, ...]
+
+
 class PairAnalyzer:
     """Guards and features of question pairs, from one lexicon."""
 
     def __init__(self, lexicon: Lexicon) -> None:
-        self._negation = _alternation(lexicon.negations)
-        self._opposites = [(_alternation([a]), _alternation([b])) for a, b in lexicon.opposites]
+        self._negation = _Terms(lexicon.negations)
+        self._opposite_of: dict[str, set[str]] = {}
+        for first, second in lexicon.opposites:
+            self._opposite_of.setdefault(first.lower(), set()).add(second.lower())
+            self._opposite_of.setdefault(second.lower(), set()).add(first.lower())
+        self._operations = _Terms(list(self._opposite_of))
         self._entity_of: dict[str, int] = {}
         for group_id, group in enumerate(lexicon.entities):
             for name in group:
                 self._entity_of[name.lower()] = group_id
-        self._entities = _alternation(list(self._entity_of))
+        self._entities = _Terms(list(self._entity_of))
         self._function_words = {w.lower() for w in lexicon.function_words}
 
-    @staticmethod
-    def prepare(text: str) -> str:
-        return normalize_text(text).lower()
+    def profile(self, question: str) -> Profile:
+        text = normalize_text(question).lower()
+        compact = text.replace(" ", "")
+        words = _WORD.findall(text)
+        return Profile(
+            text=text,
+            numbers=sorted(_chinese_number(n) for n in _NUMBER.findall(text)),
+            negations=len(self._negation.find(text, words)),
+            operations=frozenset(self._operations.find(text, words)),
+            entities=frozenset(self._entity_of[m] for m in self._entities.find(text, words)),
+            tokens=frozenset(t for t in _TOKEN.findall(text) if t not in self._function_words),
+            grams=(_grams(compact, 1), _grams(compact, 2), _grams(compact, 3)),
+            bigram_sequence=tuple(compact[i : i + 2] for i in range(len(compact) - 1)),
+        )
 
-    def numbers(self, text: str) -> list[str]:
-        return sorted(_chinese_number(n) for n in _NUMBER.findall(text))
-
-    def entities(self, text: str) -> set[int]:
-        return {self._entity_of[m] for m in self._entities.findall(text)}
-
-    def signals(self, asked: str, cached: str) -> Signals:
-        a, b = self.prepare(asked), self.prepare(cached)
-        negation_parity = (len(self._negation.findall(a)) - len(self._negation.findall(b))) % 2 == 1
+    def compare(self, asked: Profile, cached: Profile) -> Signals:
+        # An operation on one side whose opposite is on the other side only.
         opposite = any(
-            (first.search(a) and second.search(b) and not second.search(a) and not first.search(b))
-            or (second.search(a) and first.search(b) and not first.search(a) and not second.search(b))
-            for first, second in self._opposites
+            other in cached.operations and other not in asked.operations and word not in cached.operations
+            for word in asked.operations
+            for other in self._opposite_of[word]
         )
         return Signals(
-            numbers_differ=self.numbers(a) != self.numbers(b),
-            negation_differs=negation_parity,
-            opposite_operations=bool(opposite),
-            entities_differ=self.entities(a) != self.entities(b),
+            numbers_differ=asked.numbers != cached.numbers,
+            negation_differs=(asked.negations - cached.negations) % 2 == 1,
+            opposite_operations=opposite,
+            entities_differ=asked.entities != cached.entities,
         )
 
-    def content_tokens(self, text: str) -> list[str]:
-        return [t for t in _TOKEN.findall(text) if t not in self._function_words]
+    def signals(self, asked: str, cached: str) -> Signals:
+        return self.compare(self.profile(asked), self.profile(cached))
 
     def features(self, asked: str, cached: str, similarity: float) -> list[float]:
+        return self.pair_features(self.profile(asked), self.profile(cached), similarity)
+
+    def pair_features(self, a: Profile, b: Profile, similarity: float) -> list[float]:
         """The verifier's inputs for one pair; names in :data:`FEATURE_NAMES`, same order."""
-        a, b = self.prepare(asked), self.prepare(cached)
         values = [similarity]
-        for n in (1, 2, 3):
-            grams_a, grams_b = _grams(a, n), _grams(b, n)
+        for grams_a, grams_b in zip(a.grams, b.grams, strict=True):
             shared = len(grams_a & grams_b)
             values += [shared / max(1, len(grams_a | grams_b)), shared / max(1, min(len(grams_a), len(grams_b)))]
-        tokens_a, tokens_b = self.content_tokens(a), self.content_tokens(b)
-        set_a, set_b = set(tokens_a), set(tokens_b)
-        only_a, only_b = len(set_a - set_b), len(set_b - set_a)
+        only_a, only_b = len(a.tokens - b.tokens), len(b.tokens - a.tokens)
         values += [
-            len(set_a & set_b) / max(1, len(set_a | set_b)),
+            len(a.tokens & b.tokens) / max(1, len(a.tokens | b.tokens)),
             float(min(only_a, only_b)),
             float(max(only_a, only_b)),
-            (only_a + only_b) / max(1, len(set_a) + len(set_b)),
-            min(len(a), len(b)) / max(1, len(a), len(b)),
-            float(abs(len(a) - len(b))),
-            (len(a) + len(b)) / 2.0,
-            difflib.SequenceMatcher(None, a, b, autojunk=False).ratio(),
+            (only_a + only_b) / max(1, len(a.tokens) + len(b.tokens)),
+            min(len(a.text), len(b.text)) / max(1, len(a.text), len(b.text)),
+            float(abs(len(a.text) - len(b.text))),
+            (len(a.text) + len(b.text)) / 2.0,
+            _ordered_overlap(a.bigram_sequence, b.bigram_sequence),
         ]
-        signals = self.signals(asked, cached)
+        signals = self.compare(a, b)
         values += [float(signals.numbers_differ), float(signals.negation_differs),
                    float(signals.opposite_operations), float(signals.entities_differ)]
         return values
+
+
+def _ordered_overlap(a: tuple[str, ...], b: tuple[str, ...]) -> float:
+    """Share of character bigrams that appear in the same relative order on both sides: the
+    longest common subsequence of the bigram sequences, by patience-style LIS (fast, order-aware)."""
+    if not a or not b:
+        return 0.0
+    positions: dict[str, list[int]] = {}
+    for index, gram in enumerate(b):
+        positions.setdefault(gram, []).append(index)
+    # Longest strictly increasing run of matched positions (each bigram of a matched in b, latest first).
+    tails: list[int] = []
+    for gram in a:
+        for position in reversed(positions.get(gram, ())):
+            slot = bisect.bisect_left(tails, position)
+            if slot == len(tails):
+                tails.append(position)
+            else:
+                tails[slot] = position
+    return 2.0 * len(tails) / (len(a) + len(b))
 
 
 FEATURE_NAMES = (
     "cosine",
     "char1_jaccard", "char1_containment", "char2_jaccard", "char2_containment", "char3_jaccard", "char3_containment",
     "content_jaccard", "content_only_min", "content_only_max", "content_only_share",
-    "length_ratio", "length_difference", "length_mean", "sequence_ratio",
+    "length_ratio", "length_difference", "length_mean", "ordered_bigram_overlap",
     "numbers_differ", "negation_differs", "opposite_operations", "entities_differ",
 )
 
 
-def _grams(text: str, n: int) -> set[str]:
-    compact = text.replace(" ", "")
+def _grams(compact: str, n: int) -> frozenset[str]:
     if len(compact) < n:
-        return {compact} if compact else set()
-    return {compact[i : i + n] for i in range(len(compact) - n + 1)}
+        return frozenset({compact} if compact else ())
+    return frozenset(compact[i : i + n] for i in range(len(compact) - n + 1))
 
 
 class TreeEnsemble(msgspec.Struct, frozen=True, kw_only=True):
@@ -274,9 +326,12 @@ class PairVerifier:
 
     def probability(self, asked: str, cached: str, similarity: float) -> float:
         """P(same intent) by the learned verifier; 0 without one, so the band never serves."""
+        return self._probability(self.analyzer.profile(asked), self.analyzer.profile(cached), similarity)
+
+    def _probability(self, asked: Profile, cached: Profile, similarity: float) -> float:
         if self.model is None:
             return 0.0
-        return self.model.probability_row(self.analyzer.features(asked, cached, similarity))
+        return self.model.probability_row(self.analyzer.pair_features(asked, cached, similarity))
 
     def verify(self, asked: str, cached: str, similarity: float, policy: SemanticPolicy) -> Verdict:
         """Decide whether the answer cached for ``cached`` may serve ``asked``.
@@ -292,11 +347,12 @@ class PairVerifier:
         """
         if similarity < policy.threshold:
             return Verdict(False, BELOW_THRESHOLD)
-        rejection = self.analyzer.signals(asked, cached).rejection
+        asked_profile, cached_profile = self.analyzer.profile(asked), self.analyzer.profile(cached)
+        rejection = self.analyzer.compare(asked_profile, cached_profile).rejection
         if rejection is not None:
             return Verdict(False, rejection)
         if similarity >= policy.accept_above:
             return Verdict(True, ABOVE_BAND)
-        if self.probability(asked, cached, similarity) >= policy.min_probability:
+        if self._probability(asked_profile, cached_profile, similarity) >= policy.min_probability:
             return Verdict(True, VERIFIED)
         return Verdict(False, VERIFIER_REJECTED)
