@@ -4,6 +4,7 @@
     strata calibrate fit --pairs FILE.csv --target-precision 0.99 [--category NAME ...] [--plot FILE.png]
     strata calibrate train [--data-dir DIR] [--out schemas/verifier.json]
     strata calibrate qqp-hard --split eval|train --out FILE.csv [--data-dir DIR]
+    strata keys [--file KEYS.json] add --tenant NAME | revoke KEY_ID | list
 
 Settings (embedder, policy file, verifier files) come from the same ``STRATA_*`` environment
 variables as the service, so the decisions are the ones the service would make.
@@ -137,6 +138,36 @@ def cmd_qqp_hard(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _keys_path(args: argparse.Namespace, settings: Settings) -> Path | None:
+    if args.file:
+        return Path(args.file)
+    return settings.resolve(settings.keys_file) if settings.keys_file else None
+
+
+def cmd_keys(args: argparse.Namespace, settings: Settings) -> int:
+    from app.auth import add_key, read_keys, revoke_key
+
+    path = _keys_path(args, settings)
+    if path is None:
+        return _fail("no keys file: pass --file or set STRATA_KEYS_FILE")
+    try:
+        if args.action == "add":
+            key, record = add_key(path, args.tenant)
+            print(f"key id {record.id} for tenant {record.tenant!r} (shown once, store it now):")
+            print(key)
+        elif args.action == "revoke":
+            if not revoke_key(path, args.key_id):
+                return _fail(f"no active key with id {args.key_id!r} in {path}")
+            print(f"revoked {args.key_id}")
+        else:
+            for record in read_keys(path).keys:
+                state = "revoked" if record.revoked else "active"
+                print(f"{record.id}\t{state}\t{record.tenant}\t{time.strftime('%Y-%m-%d', time.gmtime(record.created_at))}")
+    except ValueError as exc:
+        return _fail(str(exc))
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="strata", description="Strata command line.")
     commands = root.add_subparsers(dest="command", required=True)
@@ -166,6 +197,16 @@ def parser() -> argparse.ArgumentParser:
     qqp.add_argument("--out", required=True)
     qqp.add_argument("--data-dir", default=str(DEFAULT_DATA))
     qqp.set_defaults(run=cmd_qqp_hard)
+
+    keys = commands.add_parser("keys", help="API keys of tenants (stored as salted hashes)")
+    keys.add_argument("--file", help="keys file (default: STRATA_KEYS_FILE)")
+    actions = keys.add_subparsers(dest="action", required=True)
+    add = actions.add_parser("add", help="create a key for a tenant and print it once")
+    add.add_argument("--tenant", required=True)
+    revoke = actions.add_parser("revoke", help="revoke a key by its id")
+    revoke.add_argument("key_id")
+    actions.add_parser("list", help="key ids, state and tenants (never the keys)")
+    keys.set_defaults(run=cmd_keys)
     return root
 
 

@@ -56,6 +56,20 @@ class NotFound(StrataError):
     error_type = "not_found_error"
 
 
+class RateLimited(StrataError):
+    """The tenant spent its request budget; ``Retry-After`` says when to come back."""
+
+    status_code = 429
+    error_type = "rate_limit_error"
+
+
+class Overloaded(StrataError):
+    """Too many upstream calls in flight for longer than the queue allows."""
+
+    status_code = 503
+    error_type = "overloaded_error"
+
+
 class UpstreamUnavailable(StrataError):
     """The model server could not be reached or answered with a server error."""
 

@@ -14,6 +14,7 @@ from redis.asyncio import Redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from app.auth import TenantResolver
 from app.cache.base import CacheLayer
 from app.cache.exact import ExactCache
 from app.cache.keys import semantic_index_name
@@ -21,10 +22,12 @@ from app.cache.semantic import SemanticCache, adopt_embedder, index_dims
 from app.cache.verify import PairVerifier
 from app.cache.version import VersionTag, sweep_stale_versions
 from app.embed import BatchingEmbedder, Encoder, load_encoder
+from app.limits import TenantRateLimiter
 from app.metrics import Metrics
 from app.pipeline import CACHE_ERRORS, ChatPipeline
 from app.policy import Policy
 from app.settings import Settings
+from app.singleflight import SingleFlight
 from app.upstream import Upstream
 
 logger = logging.getLogger("strata.lifespan")
@@ -41,6 +44,8 @@ class Resources:
     upstream: Upstream
     metrics: Metrics
     pipeline: ChatPipeline
+    tenants: TenantResolver
+    rate_limiter: TenantRateLimiter
     semantic: SemanticCache | None = None
     embedder: BatchingEmbedder | None = None
     background: set[asyncio.Task[Any]] = field(default_factory=set)
@@ -106,10 +111,15 @@ async def build_resources(settings: Settings, encoder: Encoder | None = None) ->
             verifier=load_verifier(settings), on_verdict=count_verdict,
         )
         layers.append(semantic)
-    pipeline = ChatPipeline(settings=settings, versions=versions, layers=layers, upstream=upstream, metrics=metrics)
+    flight = SingleFlight(redis, lease_s=settings.singleflight_lease_s, poll_s=settings.singleflight_poll_s)
+    pipeline = ChatPipeline(
+        settings=settings, versions=versions, layers=layers, upstream=upstream, metrics=metrics, flight=flight
+    )
+    tenants = TenantResolver(settings.resolve(settings.keys_file) if settings.keys_file else None)
+    rate_limiter = TenantRateLimiter(settings.tenant_rps, settings.tenant_burst or settings.tenant_rps, settings.workers)
     return Resources(
-        settings=settings, policy=policy, redis=redis, versions=versions,
-        upstream=upstream, metrics=metrics, pipeline=pipeline, semantic=semantic, embedder=embedder,
+        settings=settings, policy=policy, redis=redis, versions=versions, upstream=upstream, metrics=metrics,
+        pipeline=pipeline, tenants=tenants, rate_limiter=rate_limiter, semantic=semantic, embedder=embedder,
     )
 
 

@@ -42,6 +42,9 @@ class Metrics:
             "strata_cache_errors", "Failed cache operations (each treated as a miss)", ["layer", "operation"], registry=r
         )
         self.stores = Counter("strata_cache_stores", "Answers written back by layer and result", ["layer", "result"], registry=r)
+        self.singleflight = Counter(
+            "strata_singleflight", "Identical concurrent misses: leaders and coalesced followers", ["role"], registry=r
+        )
         self.embed_batches = Counter("strata_embed_batches", "Embedding model runs (each a batch)", registry=r)
         self.embed_texts = Counter("strata_embed_texts", "Texts embedded", registry=r)
         self.verifications = Counter(

@@ -7,9 +7,10 @@ counted, and the request goes on as a bypass.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -18,12 +19,13 @@ from redisvl.exceptions import RedisVLError
 
 from app.cache.base import CacheHit, CacheLayer, CacheQuery, EmbeddingFailed
 from app.cache.exact import StaleVersion
-from app.cache.keys import canonicalize
+from app.cache.keys import canonicalize, lease_key
 from app.cache.version import VersionTag
 from app.errors import StrataError
 from app.metrics import Metrics
 from app.policy import CategoryPolicy
 from app.settings import Settings
+from app.singleflight import SingleFlight
 from app.stream import SSE_DONE, StreamAssembler, refresh_identity, replay_chunks, sse_event
 from app.upstream import Upstream
 from app.wire import ChatCompletionRequest, ErrorDetail, ErrorResponse, json_encoder
@@ -80,10 +82,12 @@ class ChatPipeline:
         layers: Sequence[CacheLayer],
         upstream: Upstream,
         metrics: Metrics,
+        flight: SingleFlight | None = None,
     ) -> None:
         self._settings = settings
         self._versions = versions
         self._layers = list(layers)
+        self._flight = flight
         self._upstream = upstream
         self._metrics = metrics
 
@@ -126,10 +130,72 @@ class ChatPipeline:
             if not available:
                 query = None  # Redis is failing: do not try to store either
         outcome = OUTCOME_MISS if query is not None and call.lookup else OUTCOME_BYPASS
-        store_query = query if call.store else None
-        if request.stream:
-            return await self._relay(body, store_query, outcome, started)
-        return await self._complete(body, store_query, outcome, started)
+        if self._flight is not None and query is not None and call.lookup and call.store:
+            return await self._single_flight(self._flight, body, query, request, outcome, started)
+        return await self._ask_upstream(body, query if call.store else None, request.stream, outcome, started)
+
+    # --- single flight -----------------------------------------------------------------------
+
+    async def _single_flight(
+        self, flight: SingleFlight, body: dict[str, Any], query: CacheQuery, request: ChatCompletionRequest,
+        outcome: str, started: float,
+    ) -> ChatResult:
+        """Ask the upstream once for identical concurrent misses; the others get the same answer."""
+        key = lease_key(query.version, query.canonical.exact_digest)
+        leader = flight.follow_local(key)
+        if leader is not None:
+            answer = await asyncio.shield(leader)
+            if answer is not None:
+                return self._serve_coalesced(answer, request, started, "local")
+            return await self._ask_upstream(body, query, request.stream, outcome, started)
+        future = flight.lead_local(key)
+        lease = None
+        try:
+            lease = await flight.acquire(key)
+            if lease is None:  # another worker is asking the model: wait for its answer
+                answer = await flight.wait(key, lambda: self._read_exact(query))
+                if answer is not None:
+                    flight.finish_local(key, future, answer)
+                    return self._serve_coalesced(answer, request, started, "remote")
+                lease = await flight.acquire(key)  # it is gone without an answer: lead instead
+        except CACHE_ERRORS as exc:
+            self._cache_failed("singleflight", "lease", exc)  # go on uncoordinated
+        except BaseException:
+            flight.finish_local(key, future, None)
+            raise
+        self._metrics.singleflight.labels("leader").inc()
+
+        async def finish(answer: bytes | None) -> None:
+            flight.finish_local(key, future, answer)
+            if lease is not None:
+                try:
+                    await lease.release()
+                except CACHE_ERRORS as exc:
+                    self._cache_failed("singleflight", "release", exc)  # it expires by itself
+
+        try:
+            return await self._ask_upstream(body, query, request.stream, outcome, started, finish)
+        except BaseException:
+            await finish(None)
+            raise
+
+    async def _read_exact(self, query: CacheQuery) -> bytes | None:
+        hit = await self._layers[0].lookup(query)
+        return None if hit is None else hit.completion
+
+    def _serve_coalesced(self, answer: bytes, request: ChatCompletionRequest, started: float, where: str) -> ChatResult:
+        self._metrics.singleflight.labels(f"follower_{where}").inc()
+        result = self._serve_hit(CacheHit(layer="exact", completion=answer), request, started)
+        result.headers["X-Cache-Coalesced"] = "true"
+        return result
+
+    async def _ask_upstream(
+        self, body: dict[str, Any], query: CacheQuery | None, stream: bool, outcome: str, started: float,
+        on_done: Callable[[bytes | None], Awaitable[None]] | None = None,
+    ) -> ChatResult:
+        if stream:
+            return await self._relay(body, query, outcome, started, on_done)
+        return await self._complete(body, query, outcome, started, on_done)
 
     # --- lookup ------------------------------------------------------------------------------
 
@@ -183,7 +249,10 @@ class ChatPipeline:
 
     # --- upstream and write-back -------------------------------------------------------------
 
-    async def _complete(self, body: dict[str, Any], query: CacheQuery | None, outcome: str, started: float) -> ChatResult:
+    async def _complete(
+        self, body: dict[str, Any], query: CacheQuery | None, outcome: str, started: float,
+        on_done: Callable[[bytes | None], Awaitable[None]] | None = None,
+    ) -> ChatResult:
         try:
             raw, completion = await self._upstream.complete(body)
         except StrataError:
@@ -194,10 +263,15 @@ class ChatPipeline:
         self._count_tokens(completion.get("usage"))
         if query is not None:
             await self._store(query, raw, completion)
+        if on_done is not None:
+            await on_done(raw)
         self._finish(outcome, started)
         return ChatResult(outcome=outcome, headers={"X-Cache": outcome}, body=raw)
 
-    async def _relay(self, body: dict[str, Any], query: CacheQuery | None, outcome: str, started: float) -> ChatResult:
+    async def _relay(
+        self, body: dict[str, Any], query: CacheQuery | None, outcome: str, started: float,
+        on_done: Callable[[bytes | None], Awaitable[None]] | None = None,
+    ) -> ChatResult:
         chunks = self._upstream.stream(body).__aiter__()
         # Wait for the first chunk, so that an upstream that is down answers with a real
         # 502/504 status instead of a broken 200 stream.
@@ -212,34 +286,42 @@ class ChatPipeline:
         return ChatResult(
             outcome=outcome,
             headers={"X-Cache": outcome},
-            stream=self._relay_rest(first, chunks, query, outcome, started),
+            stream=self._relay_rest(first, chunks, query, outcome, started, on_done),
         )
 
     async def _relay_rest(
-        self, first: bytes | None, chunks: AsyncIterator[bytes], query: CacheQuery | None, outcome: str, started: float
+        self, first: bytes | None, chunks: AsyncIterator[bytes], query: CacheQuery | None, outcome: str,
+        started: float, on_done: Callable[[bytes | None], Awaitable[None]] | None,
     ) -> AsyncIterator[bytes]:
         assembler = StreamAssembler()
+        answer: bytes | None = None
         try:
-            if first is not None:
-                assembler.add(first)
-                yield sse_event(first)
-                async for payload in chunks:
-                    assembler.add(payload)
-                    yield sse_event(payload)
-        except StrataError as exc:
-            # Headers are gone already: report in-band, as OpenAI does, and store nothing.
-            self._metrics.upstream_requests.labels("error").inc()
-            self._finish("error", started)
-            detail = ErrorDetail(message=exc.message, type=exc.error_type, code=exc.code)
-            yield sse_event(json_encoder.encode(ErrorResponse(error=detail)))
-            return
-        self._metrics.upstream_requests.labels("ok").inc()
-        self._count_tokens(assembler.usage)
-        if query is not None:
+            try:
+                if first is not None:
+                    assembler.add(first)
+                    yield sse_event(first)
+                    async for payload in chunks:
+                        assembler.add(payload)
+                        yield sse_event(payload)
+            except StrataError as exc:
+                # Headers are gone already: report in-band, as OpenAI does, and store nothing.
+                self._metrics.upstream_requests.labels("error").inc()
+                self._finish("error", started)
+                detail = ErrorDetail(message=exc.message, type=exc.error_type, code=exc.code)
+                yield sse_event(json_encoder.encode(ErrorResponse(error=detail)))
+                return
+            self._metrics.upstream_requests.labels("ok").inc()
+            self._count_tokens(assembler.usage)
             completion = assembler.completion()
-            await self._store(query, json_encoder.encode(completion), completion)
-        self._finish(outcome, started)
-        yield SSE_DONE
+            answer = json_encoder.encode(completion)
+            if query is not None:
+                await self._store(query, answer, completion)
+            self._finish(outcome, started)
+            yield SSE_DONE
+        finally:
+            # Also when the client went away mid-stream: followers must not wait for nothing.
+            if on_done is not None:
+                await on_done(answer if assembler.complete else None)
 
     async def _store(self, query: CacheQuery, raw: bytes, completion: dict[str, Any]) -> None:
         """Write a complete answer to every layer; anything else is not cached."""

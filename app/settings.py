@@ -36,10 +36,24 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     upstream_max_retries: int = 1
     # Used for /health only; short so a dead upstream does not stall the probe.
     upstream_health_timeout_s: float = 1.0
+    # Calls in flight to the model server per worker; more wait up to the queue timeout, then 503.
+    upstream_max_concurrency: int = 32
+    upstream_queue_timeout_s: float = 10.0
 
     default_max_tokens: int = 256
     max_tokens_cap: int = 1024
     max_body_bytes: int = 1_048_576
+    max_messages: int = 256
+    max_content_chars: int = 65_536
+
+    # Tenants: API keys file (empty: one default tenant, no client auth) and request budget.
+    keys_file: str = ""
+    tenant_rps: float = 0.0  # 0: no limit
+    tenant_burst: float = 0.0  # 0: equal to tenant_rps
+
+    # Single flight: one upstream call per identical miss, across workers.
+    singleflight_lease_s: float = 130.0
+    singleflight_poll_s: float = 0.02
 
     policy_file: str = "schemas/policy.yaml"
     semantic_index_schema: str = "schemas/semantic_index.yaml"

@@ -14,6 +14,7 @@ from typing import Any
 import openai
 
 from app.errors import StrataError, UpstreamRejected, UpstreamTimeout, UpstreamUnavailable
+from app.limits import ConcurrencyLimit
 from app.settings import Settings
 from app.wire import completion_decoder
 
@@ -62,6 +63,8 @@ class Upstream:
             max_retries=settings.upstream_max_retries,
         )
         self._health_timeout = settings.upstream_health_timeout_s
+        # Protects the model server: beyond this many calls in flight, requests queue, then 503.
+        self._limit = ConcurrencyLimit(settings.upstream_max_concurrency, settings.upstream_queue_timeout_s)
 
     async def close(self) -> None:
         await self._client.close()
@@ -79,12 +82,13 @@ class Upstream:
             StrataError: The upstream failed, timed out or rejected the request.
         """
         model, messages, rest = _split(body)
-        try:
-            raw = await self._client.chat.completions.with_raw_response.create(
-                model=model, messages=messages, extra_body=rest
-            )
-        except openai.OpenAIError as exc:
-            raise _translate(exc) from exc
+        async with self._limit.slot():
+            try:
+                raw = await self._client.chat.completions.with_raw_response.create(
+                    model=model, messages=messages, extra_body=rest
+                )
+            except openai.OpenAIError as exc:
+                raise _translate(exc) from exc
         content = raw.http_response.content
         try:
             return content, completion_decoder.decode(content)
@@ -105,7 +109,7 @@ class Upstream:
         """
         model, messages, rest = _split(body)
         try:
-            async with self._client.chat.completions.with_streaming_response.create(
+            async with self._limit.slot(), self._client.chat.completions.with_streaming_response.create(
                 model=model, messages=messages, extra_body=rest
             ) as response:
                 async for line in response.http_response.aiter_lines():

@@ -11,7 +11,6 @@ from app.lifespan import Resources
 from app.pipeline import ChatCall
 
 CATEGORY_HEADER = "x-cache-category"
-DEFAULT_TENANT = "default"
 
 
 class ChatController(Controller):
@@ -20,7 +19,12 @@ class ChatController(Controller):
     @post("/chat/completions", status_code=200)
     async def chat_completions(self, request: Request, resources: Resources) -> Response[bytes] | Stream:
         """Create a chat completion (OpenAI-compatible), served from the cache when possible."""
-        chat_request, raw = parse_chat_request(await request.body())
+        tenant = resources.tenants.tenant(request.headers.get("authorization"))
+        resources.rate_limiter.admit(tenant)
+        settings = resources.settings
+        chat_request, raw = parse_chat_request(
+            await request.body(), max_messages=settings.max_messages, max_content_chars=settings.max_content_chars
+        )
         category_name = request.headers.get(CATEGORY_HEADER)
         category = resources.policy.get(category_name)
         if category is None:
@@ -30,7 +34,7 @@ class ChatController(Controller):
             )
         lookup, store = cache_directives(request.headers.get("cache-control"))
         call = ChatCall(
-            request=chat_request, raw=raw, tenant=DEFAULT_TENANT, category=category, lookup=lookup, store=store
+            request=chat_request, raw=raw, tenant=tenant, category=category, lookup=lookup, store=store
         )
         result = await resources.pipeline.handle(call)
         if result.stream is not None:
@@ -39,6 +43,7 @@ class ChatController(Controller):
         return Response(content=result.body or b"", media_type="application/json", headers=result.headers)
 
     @get("/models")
-    async def models(self, resources: Resources) -> Response[bytes]:
+    async def models(self, request: Request, resources: Resources) -> Response[bytes]:
         """The upstream's model list, passed through."""
+        resources.tenants.tenant(request.headers.get("authorization"))
         return Response(content=await resources.upstream.models(), media_type="application/json")

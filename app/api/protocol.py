@@ -27,11 +27,15 @@ def _param(error: msgspec.ValidationError) -> str | None:
     return path or None
 
 
-def parse_chat_request(body: bytes) -> tuple[ChatCompletionRequest, dict[str, Any]]:
+def parse_chat_request(
+    body: bytes, *, max_messages: int = 256, max_content_chars: int = 65_536
+) -> tuple[ChatCompletionRequest, dict[str, Any]]:
     """Decode and validate a chat completion request body.
 
     Args:
         body: The raw request body.
+        max_messages: Most messages a request may carry.
+        max_content_chars: Most characters one message's text may have.
 
     Returns:
         The validated request, and the decoded body with every field (for pass-through).
@@ -50,9 +54,16 @@ def parse_chat_request(body: bytes) -> tuple[ChatCompletionRequest, dict[str, An
     except msgspec.ValidationError as exc:
         param = _param(exc)
         raise InvalidRequest(f"invalid request: {exc}", param=param, code="invalid_value") from exc
+    if len(request.messages) > max_messages:
+        raise InvalidRequest(f"`messages` has {len(request.messages)} items; at most {max_messages} are allowed",
+                             param="messages", code="too_many_messages")
     for index, message in enumerate(request.messages):
         content = message.content
         field = f"messages[{index}].content"
+        length = len(content) if isinstance(content, str) else sum(len(p.text or "") for p in content or [])
+        if length > max_content_chars:
+            raise InvalidRequest(f"`{field}` has {length} characters; at most {max_content_chars} are allowed",
+                                 param=field, code="content_too_long")
         if isinstance(content, str) and not content.strip():
             raise InvalidRequest(f"`{field}` must not be empty", param=field, code="empty_content")
         if isinstance(content, list) and (

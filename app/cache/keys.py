@@ -5,6 +5,7 @@ Redis key layout (every name readable with ``redis-cli``)::
     strata:meta:version            STRING  current version number N; the tag is "vN"
     strata:vN:exact:<sha256>       HASH    L1 entry (fields below), TTL from the category
     strata:vN:sem:<sha256>         HASH    L2 entry, indexed by the RediSearch index strata:vN:sem
+    strata:vN:lease:<sha256>       STRING  single-flight lease while one worker asks the model
 
 Prefixes end with ``:`` and none is a prefix of another (``strata:v1:sem:`` does not match
 ``strata:v10:sem:``), because RediSearch matches index prefixes as plain string prefixes.
@@ -57,6 +58,11 @@ def exact_prefix(tag: str) -> str:
 
 def semantic_prefix(tag: str) -> str:
     return f"{NAMESPACE}:{tag}:sem:"
+
+
+def lease_key(tag: str, digest: str) -> str:
+    """The single-flight lease of a request being answered (short-lived)."""
+    return f"{NAMESPACE}:{tag}:lease:{digest}"
 
 
 def semantic_index_name(tag: str) -> str:

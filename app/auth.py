@@ -1,0 +1,136 @@
+"""Tenants from API keys.
+
+A key looks like ``sk-strata-<key id>-<secret>``. The keys file (JSON, path in
+``STRATA_KEYS_FILE``) stores per key its id, tenant, a random salt and sha256(salt + secret),
+never the key itself. The id finds the record, so checking a key costs one hash and one
+constant-time comparison. The file is re-read when it changes, so a revocation takes effect
+without a restart. Without a keys file every request belongs to the default tenant.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+import time
+from pathlib import Path
+
+import msgspec
+
+from app.errors import Unauthorized
+
+DEFAULT_TENANT = "default"
+KEY_PREFIX = "sk-strata-"
+_RELOAD_CHECK_S = 1.0
+
+
+class KeyRecord(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    tenant: str
+    salt: str
+    sha256: str
+    created_at: int
+    revoked: bool = False
+
+
+class KeysFile(msgspec.Struct, kw_only=True):
+    keys: list[KeyRecord] = msgspec.field(default_factory=list)
+
+
+def _digest(salt: str, secret: str) -> str:
+    return hashlib.sha256(bytes.fromhex(salt) + secret.encode()).hexdigest()
+
+
+def read_keys(path: Path) -> KeysFile:
+    if not path.exists():
+        return KeysFile()
+    try:
+        return msgspec.json.decode(path.read_bytes(), type=KeysFile)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ValueError(f"keys file {path}: {exc}") from exc
+
+
+def write_keys(path: Path, keys: KeysFile) -> None:
+    """Write atomically (rename), readable by the owner only."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(path.suffix + ".tmp")
+    temporary.write_bytes(msgspec.json.format(msgspec.json.encode(keys), indent=2))
+    os.chmod(temporary, 0o600)
+    temporary.replace(path)
+
+
+def add_key(path: Path, tenant: str) -> tuple[str, KeyRecord]:
+    """Create a key for a tenant; returns the key (shown once) and its record."""
+    if not tenant or len(tenant) > 256:
+        raise ValueError("a tenant name must have 1 to 256 characters")
+    keys = read_keys(path)
+    key_id = secrets.token_hex(6)
+    secret = secrets.token_urlsafe(32)
+    salt = secrets.token_hex(16)
+    record = KeyRecord(id=key_id, tenant=tenant, salt=salt, sha256=_digest(salt, secret), created_at=int(time.time()))
+    keys.keys.append(record)
+    write_keys(path, keys)
+    return f"{KEY_PREFIX}{key_id}-{secret}", record
+
+
+def revoke_key(path: Path, key_id: str) -> bool:
+    keys = read_keys(path)
+    found = False
+    for index, record in enumerate(keys.keys):
+        if record.id == key_id and not record.revoked:
+            keys.keys[index] = msgspec.structs.replace(record, revoked=True)
+            found = True
+    if found:
+        write_keys(path, keys)
+    return found
+
+
+class TenantResolver:
+    """Maps ``Authorization: Bearer <key>`` to a tenant."""
+
+    def __init__(self, path: Path | None) -> None:
+        self._path = path
+        self._by_id: dict[str, KeyRecord] = {}
+        self._stamp: tuple[int, int] | None = None
+        self._checked = 0.0
+        if path is not None:
+            self._reload(force=True)
+
+    @property
+    def enabled(self) -> bool:
+        return self._path is not None
+
+    def _reload(self, force: bool = False) -> None:
+        assert self._path is not None
+        now = time.monotonic()
+        if not force and now - self._checked < _RELOAD_CHECK_S:
+            return
+        self._checked = now
+        try:
+            stat = self._path.stat()
+            stamp = (stat.st_mtime_ns, stat.st_size)
+        except FileNotFoundError:
+            stamp = (0, 0)
+        if stamp == self._stamp:
+            return
+        self._by_id = {r.id: r for r in read_keys(self._path).keys if not r.revoked}
+        self._stamp = stamp
+
+    def tenant(self, authorization: str | None) -> str:
+        """The tenant of a request.
+
+        Raises:
+            Unauthorized: Keys are configured and the key is missing, malformed, unknown or revoked.
+        """
+        if self._path is None:
+            return DEFAULT_TENANT
+        self._reload()
+        scheme, _, key = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not key.startswith(KEY_PREFIX):
+            raise Unauthorized("a valid API key is required (Authorization: Bearer sk-strata-...)", code="invalid_api_key")
+        key_id, _, secret = key[len(KEY_PREFIX) :].partition("-")
+        record = self._by_id.get(key_id)
+        if record is None or not hmac.compare_digest(_digest(record.salt, secret), record.sha256):
+            raise Unauthorized("the API key is not valid", code="invalid_api_key")
+        return record.tenant
