@@ -145,6 +145,9 @@ class ChatPipeline:
         leader = flight.follow_local(key)
         if leader is not None:
             answer = await asyncio.shield(leader)
+            if isinstance(answer, StrataError):
+                self._finish("error", started)
+                raise answer
             if answer is not None:
                 return self._serve_coalesced(answer, request, started, "local")
             return await self._ask_upstream(body, query, request.stream, outcome, started)
@@ -165,7 +168,7 @@ class ChatPipeline:
             raise
         self._metrics.singleflight.labels("leader").inc()
 
-        async def finish(answer: bytes | None) -> None:
+        async def finish(answer: bytes | StrataError | None) -> None:
             flight.finish_local(key, future, answer)
             if lease is not None:
                 try:
@@ -175,6 +178,9 @@ class ChatPipeline:
 
         try:
             return await self._ask_upstream(body, query, request.stream, outcome, started, finish)
+        except StrataError as exc:
+            await finish(exc)
+            raise
         except BaseException:
             await finish(None)
             raise

@@ -18,6 +18,12 @@ from collections.abc import Awaitable, Callable
 
 from redis.asyncio import Redis
 
+from app.errors import StrataError
+
+# What a leader hands its followers in this worker: the answer, the upstream's error (shared,
+# so a failing model server sees one call, not one per follower), or None: go on by yourselves.
+Outcome = bytes | StrataError | None
+
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
@@ -40,19 +46,19 @@ class SingleFlight:
         self._lease_ms = int(lease_s * 1000)
         self._poll = poll_s
         self._release = redis.register_script(_RELEASE)
-        self._local: dict[str, asyncio.Future[bytes | None]] = {}
+        self._local: dict[str, asyncio.Future[Outcome]] = {}
 
-    def follow_local(self, key: str) -> asyncio.Future[bytes | None] | None:
+    def follow_local(self, key: str) -> asyncio.Future[Outcome] | None:
         """The future of a leader in this worker, if there is one."""
         return self._local.get(key)
 
-    def lead_local(self, key: str) -> asyncio.Future[bytes | None]:
-        future: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
+    def lead_local(self, key: str) -> asyncio.Future[Outcome]:
+        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         self._local[key] = future
         return future
 
-    def finish_local(self, key: str, future: asyncio.Future[bytes | None], answer: bytes | None) -> None:
-        """Hand the answer (or ``None``: go on by yourselves) to this worker's followers."""
+    def finish_local(self, key: str, future: asyncio.Future[Outcome], answer: Outcome) -> None:
+        """Hand the outcome to this worker's followers."""
         if not future.done():
             future.set_result(answer)
         if self._local.get(key) is future:

@@ -39,9 +39,14 @@ class VersionTag:
         return version_tag(self._number)
 
     async def refresh(self) -> str:
-        """Read the version from Redis, creating version 1 on a fresh database."""
-        await self._redis.set(VERSION_KEY, 1, nx=True)
+        """Read the version from Redis, creating version 1 on a fresh database.
+
+        Only a fresh database costs a write: a full (OOM) Redis can still be read.
+        """
         tag = self.observe(await self._redis.get(VERSION_KEY))
+        if tag is None:
+            await self._redis.set(VERSION_KEY, 1, nx=True)
+            tag = self.observe(await self._redis.get(VERSION_KEY))
         assert tag is not None
         return tag
 
