@@ -1,0 +1,83 @@
+"""Strata's OpenAPI document, built from the same msgspec types that validate requests.
+
+Litestar's generated schema cannot describe the chat request body (the handler reads the raw
+body so that unknown fields pass through to the model server), so Strata serves this one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from litestar import Controller, get
+
+from app import __version__
+from app.wire import ChatCompletionRequest, ErrorResponse
+
+_REF = "#/components/schemas/{name}"
+
+
+def _error(description: str) -> dict[str, Any]:
+    return {"description": description,
+            "content": {"application/json": {"schema": {"$ref": _REF.format(name="ErrorResponse")}}}}
+
+
+def build_openapi(category_names: list[str]) -> dict[str, Any]:
+    (request_schema, error_schema), components = msgspec.json.schema_components(
+        [ChatCompletionRequest, ErrorResponse], ref_template=_REF
+    )
+    json_object = {"type": "object", "additionalProperties": True}
+    bearer = [{"bearer": []}]
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "Strata", "version": __version__,
+                 "description": "A layered cache in front of an OpenAI-compatible model server."},
+        "components": {
+            "schemas": components,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "paths": {
+            "/v1/chat/completions": {
+                "post": {
+                    "operationId": "createChatCompletion",
+                    "security": bearer,
+                    "parameters": [
+                        {"name": "X-Cache-Category", "in": "header", "required": False,
+                         "schema": {"type": "string", "enum": category_names}},
+                        {"name": "Cache-Control", "in": "header", "required": False,
+                         "schema": {"type": "string", "enum": ["no-cache", "no-store"]}},
+                    ],
+                    "requestBody": {"required": True, "content": {"application/json": {"schema": request_schema}}},
+                    "responses": {
+                        "200": {"description": "A completion, or an SSE stream of chunks when `stream` is true",
+                                "content": {"application/json": {"schema": json_object},
+                                            "text/event-stream": {"schema": {"type": "string"}}}},
+                        "400": _error("Invalid request"),
+                        "401": _error("Missing or unknown API key"),
+                        "413": _error("Request body too large"),
+                        "429": _error("Request budget exceeded"),
+                        "502": _error("The model server failed"),
+                        "503": _error("The model server is at capacity"),
+                        "504": _error("The model server timed out"),
+                    },
+                }
+            },
+            "/v1/models": {"get": {"operationId": "listModels", "security": bearer, "responses": {
+                "200": {"description": "The upstream's models", "content": {"application/json": {"schema": json_object}}},
+                "401": _error("Missing or unknown API key"), "502": _error("The model server failed")}}},
+            "/health": {"get": {"operationId": "health", "responses": {
+                "200": {"description": "ok or degraded", "content": {"application/json": {"schema": json_object}}}}}},
+            "/metrics": {"get": {"operationId": "metrics", "responses": {
+                "200": {"description": "Prometheus text", "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
+            "/admin/cache/invalidate": {"post": {"operationId": "invalidateCache", "security": bearer, "responses": {
+                "200": {"description": "The new version", "content": {"application/json": {"schema": json_object}}},
+                "401": _error("Missing or wrong admin token"), "403": _error("Admin endpoints are disabled")}}},
+        },
+    }
+
+
+class OpenAPIController(Controller):
+    @get("/openapi.json", include_in_schema=False)
+    async def openapi(self, resources: Any) -> dict[str, Any]:
+        """The OpenAPI 3.1 document of this service."""
+        return build_openapi(sorted(resources.policy.categories))
