@@ -15,7 +15,7 @@ STRATA_HOST ?= 127.0.0.1
 STRATA_PORT ?= 8080
 export STRATA_HOST STRATA_PORT
 
-.PHONY: help deps up down status restart test test-fast bench train-verifier logs strata-start strata-stop
+.PHONY: help deps up down status restart test test-fast bench load train-verifier logs strata-start strata-stop
 
 help:
 	@echo "make up      start Redis Stack (6380), vLLM (8000) and Strata (8080) in the background"
@@ -94,7 +94,14 @@ test-fast: deps
 train-verifier: deps
 	$(VENV)/bin/strata calibrate train
 
-# Hit-path latency/throughput with wrk; writes docs/BENCHMARKS.md. BENCH_ARGS="--duration 30" etc.
+# Hit-path latency/throughput with wrk (own Redis, stub upstream; docs/BENCHMARKS.md), then the
+# mixed-traffic load test against the `make up` stack with 2 workers (docs/RELIABILITY.md).
+# BENCH_ARGS="--duration 30" etc. go to the first part.
 bench: deps
 	@command -v wrk >/dev/null || { [ "$$(id -u)" = 0 ] && (apt-get install -y -qq wrk >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq wrk >/dev/null)); }
 	$(PY) -m bench.run $(BENCH_ARGS)
+	@$(MAKE) --no-print-directory load
+
+load: deps
+	@$(MAKE) --no-print-directory up
+	$(PY) -m bench.load
