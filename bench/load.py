@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import subprocess
@@ -169,7 +168,7 @@ def main() -> int:
         " questions, 15% paraphrases, 10% new questions (misses that reach the model), 15% streaming (half new), 10% invalid",
         f"- Known questions cached by the warm-up: {len(known)} of {len(KNOWN)} (the others did not finish within max_tokens)",
         "",
-        f"| requests | req/s | 5xx | transport errors | acknowledged misses re-checked | lost writes | peak RSS (2 workers) |",
+        "| requests | req/s | 5xx | transport errors | acknowledged misses re-checked | lost writes | peak RSS (2 workers) |",
         "|---|---|---|---|---|---|---|",
         f"| {total:,} | {total / elapsed:,.0f} | {server_errors} | {transport} | {checked} | {lost} | {rss:.0f} MB |",
         "",

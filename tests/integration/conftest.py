@@ -10,7 +10,7 @@ import pytest
 
 from app.asgi import create_app
 from app.settings import Settings
-from tests.support import FakeUpstream, ServerThread, free_port
+from tests.support import FakeUpstream, ServerThread
 
 ADMIN_TOKEN = "test-admin-token"
 MODEL = "fake-model"
