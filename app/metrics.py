@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.multiprocess import MultiProcessCollector
+
+# Set by `python -m app.serve` when it runs several workers: every worker then writes its
+# values to files there, and a scrape of any worker reports the sum over all of them.
+MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 # Latency buckets from sub-millisecond cache hits to long generations.
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)
@@ -52,4 +59,8 @@ class Metrics:
         )
 
     def render(self) -> bytes:
+        if os.environ.get(MULTIPROCESS_ENV):
+            combined = CollectorRegistry()
+            MultiProcessCollector(combined)
+            return generate_latest(combined)
         return generate_latest(self.registry)
