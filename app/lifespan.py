@@ -94,6 +94,8 @@ async def build_resources(settings: Settings, encoder: Encoder | None = None) ->
         if encoder is None:
             # Loading a model takes from under a second to several: keep the loop free meanwhile.
             encoder = await asyncio.to_thread(load_encoder, settings.embedder, settings.embedder_model)
+        # A model's first run is slow (allocation, lazy init): do it now, not in a request's lookup.
+        await asyncio.to_thread(encoder.encode, ["warm-up"])
 
         def count_batch(size: int) -> None:
             metrics.embed_batches.inc()

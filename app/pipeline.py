@@ -224,13 +224,14 @@ class ChatPipeline:
         """
         for layer in self._layers:
             try:
-                try:
-                    hit = await layer.lookup(query)
-                except StaleVersion as stale:
-                    # Another worker bumped the version: adopt it and look again, once.
-                    tag = self._versions.observe(stale.current) or await self._versions.refresh()
-                    query = msgspec.structs.replace(query, version=tag)
-                    hit = await layer.lookup(query)
+                async with asyncio.timeout(self._settings.lookup_timeout_s):
+                    try:
+                        hit = await layer.lookup(query)
+                    except StaleVersion as stale:
+                        # Another worker bumped the version: adopt it and look again, once.
+                        tag = self._versions.observe(stale.current) or await self._versions.refresh()
+                        query = msgspec.structs.replace(query, version=tag)
+                        hit = await layer.lookup(query)
             except CACHE_ERRORS as exc:
                 self._cache_failed(layer.name, "lookup", exc)
                 return query, None, False

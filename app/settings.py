@@ -27,6 +27,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     redis_url: str = "redis://127.0.0.1:6380/0"
     # Bounds every Redis call; a slower Redis is treated as a cache miss, not an outage.
     redis_timeout_s: float = 0.25
+    # Bounds each layer's whole lookup (Redis, and the embedding for the semantic layer): past
+    # it the request goes on to the upstream as a bypass.
+    lookup_timeout_s: float = 0.1
     redis_max_connections: int = 64
 
     upstream_url: str = "http://127.0.0.1:8000/v1"
