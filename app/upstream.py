@@ -6,8 +6,10 @@ as received (after the ``max_tokens`` cap), so fields Strata does not know pass 
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import logging
+import random
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -45,6 +47,15 @@ def _translate(exc: openai.OpenAIError) -> StrataError:
     return UpstreamUnavailable(f"the model server failed: {exc}")
 
 
+def _never_reached(exc: openai.OpenAIError) -> bool:
+    """The request never reached the model server (it refused or did not accept the connection),
+    so sending it again cannot repeat a generation: the only failure Strata retries."""
+    if not isinstance(exc, openai.APIConnectionError):
+        return False
+    cause = exc.__cause__
+    return isinstance(cause, (_http.ConnectError, _http.ConnectTimeout))
+
+
 def _split(body: dict[str, Any]) -> tuple[str, Any, dict[str, Any]]:
     rest = {k: v for k, v in body.items() if k not in ("model", "messages")}
     return body["model"], body["messages"], rest
@@ -59,9 +70,10 @@ class Upstream:
             base_url=settings.upstream_url,
             api_key=settings.upstream_api_key,
             timeout=timeout,
-            # The SDK retries only connection errors, 408, 409, 429 and 5xx, with jittered backoff.
-            max_retries=settings.upstream_max_retries,
+            # Retries are ours (see _retrying): the SDK's would also repeat 5xx and 429.
+            max_retries=0,
         )
+        self._retries = settings.upstream_max_retries
         self._health_timeout = settings.upstream_health_timeout_s
         # Protects the model server: beyond this many calls in flight, requests queue, then 503.
         self._limit = ConcurrencyLimit(settings.upstream_max_concurrency, settings.upstream_queue_timeout_s)
@@ -83,17 +95,26 @@ class Upstream:
         """
         model, messages, rest = _split(body)
         async with self._limit.slot():
-            try:
-                raw = await self._client.chat.completions.with_raw_response.create(
-                    model=model, messages=messages, extra_body=rest
-                )
-            except openai.OpenAIError as exc:
-                raise _translate(exc) from exc
+            for attempt in range(self._retries + 1):
+                try:
+                    raw = await self._client.chat.completions.with_raw_response.create(
+                        model=model, messages=messages, extra_body=rest
+                    )
+                    break
+                except openai.OpenAIError as exc:
+                    if attempt == self._retries or not _never_reached(exc):
+                        raise _translate(exc) from exc
+                    await self._backoff(attempt)
         content = raw.http_response.content
         try:
             return content, completion_decoder.decode(content)
         except ValueError as exc:
             raise UpstreamUnavailable("the model server sent a malformed completion") from exc
+
+    @staticmethod
+    async def _backoff(attempt: int) -> None:
+        """Full jitter: many workers retrying at once do not arrive together."""
+        await asyncio.sleep(random.uniform(0, 0.1 * 2**attempt))
 
     async def stream(self, body: dict[str, Any]) -> AsyncIterator[bytes]:
         """Send a streaming chat completion and yield each SSE ``data`` payload, ``[DONE]`` excluded.

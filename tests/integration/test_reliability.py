@@ -243,3 +243,20 @@ def test_sigterm_lets_the_request_in_flight_finish_and_keeps_its_write(
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+def test_only_requests_that_never_reached_the_model_are_retried(
+    redis_url: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream
+) -> None:
+    fake_upstream.reset()
+    fake_upstream.status = 500
+    settings = strata_settings(redis_url, fake_upstream.url, upstream_max_retries=3)  # type: ignore[attr-defined]
+    with ServerThread(create_app(settings)) as server:
+        assert post(server.url, "server error").status_code == 502
+        assert len(fake_upstream.calls) == 1  # a 5xx may have cost a generation: not repeated
+    refused = strata_settings(redis_url, f"http://127.0.0.1:{free_port()}", upstream_max_retries=3)
+    with ServerThread(create_app(refused)) as server:
+        started = time.monotonic()
+        response = post(server.url, "nobody listens")
+        assert response.status_code == 502 and "unreachable" in response.json()["error"]["message"]
+        assert time.monotonic() - started < 2.0  # three jittered retries stay bounded

@@ -46,3 +46,22 @@ def test_bad_policy_files_are_rejected_with_the_reason(tmp_path: Path, text: str
     path.write_text(text)
     with pytest.raises(ValueError, match=message):
         Policy.load(path)
+
+
+def test_a_refused_connection_is_the_only_retryable_upstream_failure() -> None:
+    import asyncio
+
+    import openai
+
+    from app.upstream import _never_reached
+
+    async def refused() -> openai.OpenAIError:
+        client = openai.AsyncOpenAI(base_url="http://127.0.0.1:1/v1", api_key="x", max_retries=0)
+        try:
+            await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+        except openai.OpenAIError as exc:
+            return exc
+        raise AssertionError("port 1 answered")
+
+    assert _never_reached(asyncio.run(refused()))
+    assert not _never_reached(openai.APITimeoutError(request=None))  # type: ignore[arg-type]
