@@ -29,7 +29,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     redis_timeout_s: float = 0.25
     # Bounds each layer's whole lookup (Redis, and the embedding for the semantic layer): past
     # it the request goes on to the upstream as a bypass.
-    lookup_timeout_s: float = 0.1
+    lookup_timeout_s: float = 0.25
     redis_max_connections: int = 64
 
     upstream_url: str = "http://127.0.0.1:8000/v1"
