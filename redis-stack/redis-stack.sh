@@ -52,8 +52,13 @@ PY
       --maxmemory-policy "${STRATA_REDIS_MAXMEMORY_POLICY:-volatile-lru}" \
       --loadmodule "$search" --loadmodule "$json"
     for _ in $(seq 1 100); do
-      if cli PING >/dev/null 2>&1; then
-        echo "redis-stack: running on 127.0.0.1:$port (log $logfile)"; exit 0
+      # Ours only if our pid file names a live process and the search module is loaded: a
+      # different Redis already on this port also answers PING.
+      if running && cli PING >/dev/null 2>&1; then
+        if cli MODULE LIST 2>/dev/null | grep -q "search"; then
+          echo "redis-stack: running on 127.0.0.1:$port (log $logfile)"; exit 0
+        fi
+        echo "redis-stack: FAILED: the server on 127.0.0.1:$port has no search module; see $logfile" >&2; exit 1
       fi
       sleep 0.1
     done
