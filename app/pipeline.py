@@ -186,7 +186,10 @@ class ChatPipeline:
             raise
 
     async def _read_exact(self, query: CacheQuery) -> bytes | None:
-        hit = await self._layers[0].lookup(query)
+        try:
+            hit = await self._layers[0].lookup(query)
+        except StaleVersion:
+            return None  # invalidated while waiting: the leader's answer will not be stored
         return None if hit is None else hit.completion
 
     def _serve_coalesced(self, answer: bytes, request: ChatCompletionRequest, started: float, where: str) -> ChatResult:
@@ -197,7 +200,7 @@ class ChatPipeline:
 
     async def _ask_upstream(
         self, body: dict[str, Any], query: CacheQuery | None, stream: bool, outcome: str, started: float,
-        on_done: Callable[[bytes | None], Awaitable[None]] | None = None,
+        on_done: Callable[[bytes | StrataError | None], Awaitable[None]] | None = None,
     ) -> ChatResult:
         if stream:
             return await self._relay(body, query, outcome, started, on_done)

@@ -260,3 +260,24 @@ def test_only_requests_that_never_reached_the_model_are_retried(
         response = post(server.url, "nobody listens")
         assert response.status_code == 502 and "unreachable" in response.json()["error"]["message"]
         assert time.monotonic() - started < 2.0  # three jittered retries stay bounded
+
+
+def test_an_invalidation_while_followers_wait_on_another_worker(
+    redis_url: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream
+) -> None:
+    fake_upstream.reset()
+    fake_upstream.delay = 0.6
+    settings = strata_settings(redis_url, fake_upstream.url)  # type: ignore[attr-defined]
+
+    async def scenario(one: str, two: str) -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=30) as client:
+            leader = asyncio.create_task(client.post(one + "/v1/chat/completions", json=body("bumped")))
+            await asyncio.sleep(0.2)
+            follower = asyncio.create_task(client.post(two + "/v1/chat/completions", json=body("bumped")))
+            await asyncio.sleep(0.2)
+            redis_sync.incr("strata:meta:version")  # another worker's invalidation, mid-wait
+            return [await leader, await follower]
+
+    with ServerThread(create_app(settings)) as one, ServerThread(create_app(settings)) as two:
+        responses = asyncio.run(scenario(one.url, two.url))
+    assert [r.status_code for r in responses] == [200, 200]
