@@ -17,18 +17,18 @@ import msgspec
 from redis.exceptions import RedisError
 from redisvl.exceptions import RedisVLError
 
-from app.cache.base import CacheHit, CacheLayer, CacheQuery, EmbeddingFailed
+from app.cache.base import CacheHit, CacheLayer, CacheQuery, CorruptEntry, EmbeddingFailed
 from app.cache.exact import StaleVersion
 from app.cache.keys import canonicalize, lease_key
 from app.cache.version import VersionTag
-from app.errors import StrataError
+from app.errors import StrataError, UpstreamUnavailable
 from app.metrics import Metrics
 from app.policy import CategoryPolicy
 from app.settings import Settings
 from app.singleflight import SingleFlight
 from app.stream import SSE_DONE, StreamAssembler, refresh_identity, replay_chunks, sse_event
 from app.upstream import Upstream
-from app.wire import ChatCompletionRequest, ErrorDetail, ErrorResponse, json_encoder
+from app.wire import ChatCompletionRequest, ErrorDetail, ErrorResponse, completion_decoder, json_encoder
 
 logger = logging.getLogger("strata.pipeline")
 
@@ -39,7 +39,7 @@ OUTCOME_BYPASS = "bypass"
 _HIT_OUTCOMES = {"exact": OUTCOME_EXACT, "semantic": OUTCOME_SEMANTIC}
 
 # Cache-side failures: Redis errors and timeouts, the embedder. Anything else is a bug and propagates.
-CACHE_ERRORS = (RedisError, RedisVLError, OSError, TimeoutError, EmbeddingFailed)
+CACHE_ERRORS = (RedisError, RedisVLError, OSError, TimeoutError, EmbeddingFailed, CorruptEntry)
 
 
 class ChatCall(msgspec.Struct, frozen=True, kw_only=True):
@@ -238,6 +238,9 @@ class ChatPipeline:
             except CACHE_ERRORS as exc:
                 self._cache_failed(layer.name, "lookup", exc)
                 return query, None, False
+            if hit is not None and not _is_completion(hit.completion):
+                self._cache_failed(layer.name, "lookup", CorruptEntry(f"{layer.name} entry is not a completion"))
+                hit = None  # a miss: the fresh answer overwrites the entry
             self._metrics.lookups.labels(layer.name, "hit" if hit else "miss").inc()
             if hit is not None:
                 return query, hit, True
@@ -313,7 +316,9 @@ class ChatPipeline:
                     async for payload in chunks:
                         assembler.add(payload)
                         yield sse_event(payload)
-            except StrataError as exc:
+            except (StrataError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+                if not isinstance(exc, StrataError):
+                    exc = UpstreamUnavailable(f"the model server sent a malformed chunk: {exc}")
                 # Headers are gone already: report in-band, as OpenAI does, and store nothing.
                 self._metrics.upstream_requests.labels("error").inc()
                 self._finish("error", started)
@@ -376,6 +381,16 @@ class ChatPipeline:
     def _finish(self, outcome: str, started: float) -> None:
         self._metrics.requests.labels(outcome).inc()
         self._metrics.latency.labels(outcome).observe(time.perf_counter() - started)
+
+
+def _is_completion(stored: bytes) -> bool:
+    """Whether a stored answer can be served: a JSON completion with a message in its choices."""
+    try:
+        completion = completion_decoder.decode(stored)
+        message = completion["choices"][0]["message"]
+    except (msgspec.DecodeError, KeyError, IndexError, TypeError):
+        return False
+    return isinstance(message, dict)
 
 
 async def _iterate(events: Any) -> AsyncIterator[bytes]:

@@ -65,10 +65,12 @@ class FakeUpstream:
     delay: float = 0.0
     finish_reason: str = "stop"
     fail_mid_stream: bool = False
+    malformed_chunk: bool = False
 
     def reset(self) -> None:
         self.calls.clear()
         self.status, self.delay, self.finish_reason, self.fail_mid_stream = 200, 0.0, "stop", False
+        self.malformed_chunk = False
 
     @staticmethod
     def answer_for(body: dict[str, Any]) -> str:
@@ -120,6 +122,9 @@ class FakeUpstream:
         yield event([{"index": 0, "delta": {"content": content[:half]}, "finish_reason": None}])
         if self.fail_mid_stream:
             raise RuntimeError("fake upstream broke mid-stream")
+        if self.malformed_chunk:
+            yield b'data: {"choices": "not a list"}\n\n'
+
         yield event([{"index": 0, "delta": {"content": content[half:]}, "finish_reason": None}])
         yield event([{"index": 0, "delta": {}, "finish_reason": self.finish_reason}])
         yield event([], usage=usage)

@@ -14,6 +14,11 @@ class EmbeddingFailed(Exception):
     """The embedding model failed; like a Redis failure, it costs a miss, not the request."""
 
 
+class CorruptEntry(Exception):
+    """A stored entry is not what Strata writes (edited by hand?); it is treated as a miss and
+    overwritten by the next answer."""
+
+
 class CacheQuery(msgspec.Struct, frozen=True, kw_only=True):
     """One request as the cache layers see it.
 

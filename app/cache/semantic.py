@@ -25,7 +25,7 @@ from redisvl.index import AsyncSearchIndex
 from redisvl.query import VectorQuery
 from redisvl.query.filter import FilterExpression, Tag
 
-from app.cache.base import CacheHit, CacheQuery, EmbeddingFailed, Verdict, Verifier
+from app.cache.base import CacheHit, CacheQuery, CorruptEntry, EmbeddingFailed, Verdict, Verifier
 from app.cache.keys import (
     FIELD_ANSWER,
     FIELD_CATEGORY,
@@ -177,6 +177,8 @@ class SemanticCache:
         for key, similarity, row in await self.candidates(query, vector):
             if similarity < policy.threshold:
                 break  # most similar first: the rest are below too
+            if not row.get(FIELD_QUESTION) or not row.get(FIELD_ANSWER):
+                raise CorruptEntry(f"semantic entry {key} lacks its question or answer")
             verdict = self._verifier.verify(question, row[FIELD_QUESTION], similarity, policy)
             if self._on_verdict is not None:
                 self._on_verdict(verdict)

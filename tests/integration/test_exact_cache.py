@@ -217,3 +217,26 @@ def test_metrics_count_requests_per_outcome(client: httpx.Client) -> None:
     assert 'strata_cache_lookups_total{layer="exact",result="hit"}' in text
     assert "strata_request_duration_seconds_bucket" in text
     assert 'strata_upstream_tokens_total{kind="completion"}' in text
+
+
+def test_a_corrupt_entry_is_a_counted_miss_and_gets_overwritten(
+    client: httpx.Client, fake_upstream: FakeUpstream, redis_sync: redis.Redis
+) -> None:
+    client.post("/v1/chat/completions", json=chat("corrupt"))
+    [key] = redis_sync.scan_iter(match="strata:v1:exact:*")
+    redis_sync.hset(key, "answer", "not json at all")  # an operator's hand edit
+    response = client.post("/v1/chat/completions", json=chat("corrupt"))
+    assert response.status_code == 200 and response.headers["x-cache"] == "miss"
+    assert 'strata_cache_errors_total{layer="exact",operation="lookup"}' in client.get("/metrics").text
+    assert client.post("/v1/chat/completions", json=chat("corrupt")).headers["x-cache"] == "exact-hit"
+
+
+def test_a_malformed_upstream_chunk_ends_the_stream_with_an_error_event(
+    client: httpx.Client, fake_upstream: FakeUpstream
+) -> None:
+    fake_upstream.malformed_chunk = True
+    with client.stream("POST", "/v1/chat/completions", json=chat("malformed", stream=True)) as response:
+        text = b"".join(response.iter_bytes()).decode()
+    assert response.status_code == 200 and '"type":"upstream_error"' in text and "[DONE]" not in text
+    fake_upstream.malformed_chunk = False
+    assert client.post("/v1/chat/completions", json=chat("malformed")).headers["x-cache"] == "miss"  # nothing stored
