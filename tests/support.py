@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +49,25 @@ class ServerThread:
     def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
+
+
+def serve_process(env: dict[str, str], port: int, timeout: float = 60.0) -> subprocess.Popen[bytes]:
+    """Start Strata as production runs it (``python -m app.serve``) and wait for ``/health``."""
+    import httpx
+
+    root = Path(__file__).resolve().parent.parent
+    process = subprocess.Popen([sys.executable, "-m", "app.serve"], cwd=root, env=env)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return process
+        except httpx.HTTPError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError("strata did not start")
+        time.sleep(0.1)
 
 
 @dataclass

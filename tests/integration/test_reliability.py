@@ -8,7 +8,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -23,7 +22,7 @@ import redis
 from app.asgi import create_app
 from app.settings import PROJECT_ROOT
 from tests.integration.conftest import MODEL, strata_settings
-from tests.support import FakeUpstream, ServerThread, free_port
+from tests.support import FakeUpstream, ServerThread, free_port, serve_process
 
 LAUNCHER = str(PROJECT_ROOT / "redis-stack" / "redis-stack.sh")
 
@@ -214,19 +213,7 @@ def test_sigterm_lets_the_request_in_flight_finish_and_keeps_its_write(
            "STRATA_UPSTREAM_URL": fake_upstream.url + "/v1", "STRATA_LOG_LEVEL": "warning"}  # type: ignore[attr-defined]
     url = f"http://127.0.0.1:{port}"
 
-    def serve() -> subprocess.Popen[bytes]:
-        process = subprocess.Popen([sys.executable, "-m", "app.serve"], cwd=PROJECT_ROOT, env=env)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    return process
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "strata did not start"
-            time.sleep(0.1)
-
-    process = serve()
+    process = serve_process(env, port)
     result: dict[str, httpx.Response] = {}
     worker = threading.Thread(target=lambda: result.setdefault("r", post(url, "in flight")))
     worker.start()
@@ -237,7 +224,7 @@ def test_sigterm_lets_the_request_in_flight_finish_and_keeps_its_write(
     assert process.wait(timeout=30) in (0, -signal.SIGTERM)
     assert result["r"].status_code == 200 and result["r"].json()["choices"][0]["message"]["content"].endswith("in flight")
     fake_upstream.delay = 0
-    process = serve()
+    process = serve_process(env, port)
     try:
         assert post(url, "in flight").headers["x-cache"] == "exact-hit"
     finally:

@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
-import time
 
 import httpx
 import redis
 
-from app.settings import PROJECT_ROOT
 from tests.integration.conftest import MODEL
-from tests.support import FakeUpstream, free_port
+from tests.support import FakeUpstream, free_port, serve_process
 
 
 def test_metrics_add_up_over_two_workers(redis_url: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream) -> None:
@@ -23,18 +19,9 @@ def test_metrics_add_up_over_two_workers(redis_url: str, redis_sync: redis.Redis
            "STRATA_UPSTREAM_URL": fake_upstream.url + "/v1", "STRATA_SEMANTIC_ENABLED": "false",  # type: ignore[attr-defined]
            "STRATA_LOG_LEVEL": "warning"}
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    process = subprocess.Popen([sys.executable, "-m", "app.serve"], cwd=PROJECT_ROOT, env=env)
+    process = serve_process(env, port)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "strata did not start"
-            time.sleep(0.2)
         with httpx.Client(base_url=url, timeout=10) as client:  # new connections spread over the workers
             for i in range(40):
                 with httpx.Client(base_url=url, timeout=10) as fresh:
