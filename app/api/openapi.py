@@ -12,6 +12,7 @@ import msgspec
 from litestar import Controller, get
 
 from app import __version__
+from app.lifespan import Resources
 from app.wire import ChatCompletionRequest, ErrorResponse
 
 _REF = "#/components/schemas/{name}"
@@ -78,6 +79,6 @@ def build_openapi(category_names: list[str]) -> dict[str, Any]:
 
 class OpenAPIController(Controller):
     @get("/openapi.json", include_in_schema=False)
-    async def openapi(self, resources: Any) -> dict[str, Any]:
+    async def openapi(self, resources: Resources) -> dict[str, Any]:
         """The OpenAPI 3.1 document of this service."""
         return build_openapi(sorted(resources.policy.categories))
