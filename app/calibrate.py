@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from app.cache.keys import normalize_text
-from app.cache.verify import FEATURE_NAMES, PairVerifier, TreeEnsemble, VerifierArtifact
+from app.cache.verify import FEATURE_NAMES, GUARD_FEATURES, PairVerifier, TreeEnsemble, VerifierArtifact
 from app.embed import Encoder
 from app.policy import SemanticPolicy
 
@@ -197,14 +197,11 @@ class PairTable:
 
 
 def tabulate(pairs: Sequence[Pair], sims: np.ndarray, verifier: PairVerifier) -> PairTable:
-    analyzer = verifier.analyzer
-    guard_ok, features = [], []
-    for pair, similarity in zip(pairs, sims, strict=True):
-        asked, cached = normalize_text(pair.asked), normalize_text(pair.cached)
-        guard_ok.append(analyzer.signals(asked, cached).rejection is None)
-        features.append(analyzer.features(asked, cached, float(similarity)))
-    probability = verifier.model.probability(np.array(features)) if verifier.model else np.zeros(len(pairs))
-    return PairTable(np.asarray(sims), np.array(guard_ok), probability, np.array([p.label for p in pairs]))
+    features = features_of(pairs, sims, verifier)
+    # The last four features are the guard signals: a pair passes the guards when all are 0.
+    guard_ok = ~features[:, -len(GUARD_FEATURES):].astype(bool).any(axis=1)
+    probability = verifier.model.probability(features) if verifier.model else np.zeros(len(pairs))
+    return PairTable(np.asarray(sims), guard_ok, probability, np.array([p.label for p in pairs]))
 
 
 def decide(table: PairTable, policy: SemanticPolicy) -> np.ndarray:
@@ -313,7 +310,7 @@ def features_of(pairs: Sequence[Pair], sims: np.ndarray, verifier: PairVerifier)
 
 
 def train(sources: dict[str, list[Pair]], sims: dict[str, np.ndarray], verifier: PairVerifier, command: str,
-          data_files: dict[str, Path]) -> VerifierArtifact:
+          data_files: dict[str, Path], embedder_name: str) -> VerifierArtifact:
     """Train the verifier on the given pairs; deterministic (fixed seed, no early stopping)."""
     from sklearn.ensemble import HistGradientBoostingClassifier
 
@@ -338,7 +335,7 @@ def train(sources: dict[str, list[Pair]], sims: dict[str, np.ndarray], verifier:
         "command": command,
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
         "model": "sklearn HistGradientBoostingClassifier, exported to JSON trees",
-        "embedder": getattr(verifier, "embedder_name", ""),
+        "embedder": embedder_name,
         "data": {name: {"pairs": len(sources[name]), "positives": sum(p.label for p in sources[name]),
                         **({"file": data_files[name].name,
                             "sha256": hashlib.sha256(data_files[name].read_bytes()).hexdigest()}

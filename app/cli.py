@@ -117,9 +117,8 @@ def cmd_train(args: argparse.Namespace, settings: Settings) -> int:
     print(f"training on {len(afqmc_fit)} AFQMC train pairs and {len(qqp_fit)} QQP-hard train pairs; "
           f"held out for fitting the policy: {len(afqmc_calibration)} + {len(qqp_calibration)} in {calibration_dir}")
     sims = {name: similarities(pairs, encoder) for name, pairs in sources.items()}
-    verifier.embedder_name = encoder.name  # type: ignore[attr-defined]
     artifact = train(sources, sims, verifier, "make train-verifier",
-                     {"afqmc_train": afqmc_file, "qqp_hard_train": qqp_file})
+                     {"afqmc_train": afqmc_file, "qqp_hard_train": qqp_file}, encoder.name)
     Path(args.out).write_bytes(msgspec.json.format(msgspec.json.encode(artifact), indent=1))
     trees = len(artifact.model.value)
     print(f"wrote {args.out} ({trees} trees, {Path(args.out).stat().st_size // 1024} KiB)")

@@ -88,7 +88,7 @@ class UpstreamRejected(StrataError):
     error_type = "invalid_request_error"
 
 
-def error_body(status_code: int, message: str, error_type: str, param: str | None, code: str | None) -> bytes:
+def error_body(message: str, error_type: str, param: str | None, code: str | None) -> bytes:
     return json_encoder.encode(
         ErrorResponse(error=ErrorDetail(message=message, type=error_type, param=param, code=code))
     )
@@ -99,7 +99,7 @@ def _response(status_code: int, body: bytes, headers: dict[str, str] | None = No
 
 
 def strata_error_handler(_: Request, exc: StrataError) -> Response[bytes]:
-    body = error_body(exc.status_code, exc.message, exc.error_type, exc.param, exc.code)
+    body = error_body(exc.message, exc.error_type, exc.param, exc.code)
     return _response(exc.status_code, body, exc.headers)
 
 
@@ -120,13 +120,13 @@ def http_error_handler(_: Request, exc: HTTPException) -> Response[bytes]:
         logger.error("server error: %s", exc.detail)
     error_type = _HTTP_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
     message = exc.detail if isinstance(exc.detail, str) and exc.detail else "request failed"
-    return _response(status, error_body(status, message, error_type, None, None), exc.headers)
+    return _response(status, error_body(message, error_type, None, None), exc.headers)
 
 
 def unexpected_error_handler(request: Request, exc: Exception) -> Response[bytes]:
     """A bug: log it with the traceback, answer 500 without leaking internals."""
     logger.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    body = error_body(HTTP_500_INTERNAL_SERVER_ERROR, "internal error", "server_error", None, None)
+    body = error_body("internal error", "server_error", None, None)
     return _response(HTTP_500_INTERNAL_SERVER_ERROR, body)
 
 

@@ -26,7 +26,7 @@ from app.metrics import Metrics
 from app.policy import CategoryPolicy
 from app.settings import Settings
 from app.singleflight import SingleFlight
-from app.stream import SSE_DONE, StreamAssembler, refresh_identity, replay_chunks, sse_event
+from app.stream import SSE_DONE, StreamAssembler, decode_completion, refresh_identity, replay_chunks, sse_event
 from app.upstream import Upstream
 from app.wire import ChatCompletionRequest, ErrorDetail, ErrorResponse, completion_decoder, json_encoder
 
@@ -238,9 +238,13 @@ class ChatPipeline:
             except CACHE_ERRORS as exc:
                 self._cache_failed(layer.name, "lookup", exc)
                 return query, None, False
-            if hit is not None and not _is_completion(hit.completion):
-                self._cache_failed(layer.name, "lookup", CorruptEntry(f"{layer.name} entry is not a completion"))
-                hit = None  # a miss: the fresh answer overwrites the entry
+            if hit is not None:
+                completion = decode_completion(hit.completion)
+                if completion is None:
+                    self._cache_failed(layer.name, "lookup", CorruptEntry(f"{layer.name} entry is not a completion"))
+                    hit = None  # a miss: the fresh answer overwrites the entry
+                else:
+                    hit = msgspec.structs.replace(hit, decoded=completion)
             self._metrics.lookups.labels(layer.name, "hit" if hit else "miss").inc()
             if hit is not None:
                 return query, hit, True
@@ -248,7 +252,9 @@ class ChatPipeline:
 
     def _serve_hit(self, hit: CacheHit, request: ChatCompletionRequest, started: float) -> ChatResult:
         outcome = _HIT_OUTCOMES[hit.layer]
-        completion = refresh_identity(hit.completion)
+        # Lookups hand over the completion already decoded; a coalesced answer is decoded here.
+        decoded = hit.decoded if hit.decoded is not None else completion_decoder.decode(hit.completion)
+        completion = refresh_identity(decoded)
         headers = {"X-Cache": outcome}
         if hit.similarity is not None:
             headers["X-Cache-Similarity"] = f"{hit.similarity:.3f}"
@@ -381,16 +387,6 @@ class ChatPipeline:
     def _finish(self, outcome: str, started: float) -> None:
         self._metrics.requests.labels(outcome).inc()
         self._metrics.latency.labels(outcome).observe(time.perf_counter() - started)
-
-
-def _is_completion(stored: bytes) -> bool:
-    """Whether a stored answer can be served: a JSON completion with a message in its choices."""
-    try:
-        completion = completion_decoder.decode(stored)
-        message = completion["choices"][0]["message"]
-    except (msgspec.DecodeError, KeyError, IndexError, TypeError):
-        return False
-    return isinstance(message, dict)
 
 
 async def _iterate(events: Any) -> AsyncIterator[bytes]:

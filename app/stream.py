@@ -23,9 +23,18 @@ def new_completion_id() -> str:
     return f"chatcmpl-{uuid.uuid4().hex}"
 
 
-def refresh_identity(stored: bytes) -> dict[str, Any]:
+def decode_completion(stored: bytes) -> dict[str, Any] | None:
+    """A stored answer as a completion, or ``None`` when it is not one (a hand-edited entry)."""
+    try:
+        completion = completion_decoder.decode(stored)
+        message = completion["choices"][0]["message"]
+    except (msgspec.DecodeError, KeyError, IndexError, TypeError):
+        return None
+    return completion if isinstance(message, dict) else None
+
+
+def refresh_identity(completion: dict[str, Any]) -> dict[str, Any]:
     """A cached completion with a fresh ``id`` and ``created``, as a new response must have."""
-    completion = completion_decoder.decode(stored)
     completion["id"] = new_completion_id()
     completion["created"] = int(time.time())
     return completion

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgspec
 
@@ -42,6 +42,7 @@ class CacheHit(msgspec.Struct, frozen=True, kw_only=True):
         similarity: Cosine similarity of the matched question (semantic layer only).
         matched_question: The cached question that matched (semantic layer only).
         reason: Why the semantic candidate was accepted (semantic layer only).
+        decoded: The completion, once the pipeline has decoded and checked it.
     """
 
     layer: str
@@ -49,6 +50,7 @@ class CacheHit(msgspec.Struct, frozen=True, kw_only=True):
     similarity: float | None = None
     matched_question: str | None = None
     reason: str | None = None
+    decoded: dict[str, Any] | None = None
 
 
 class Verdict(msgspec.Struct, frozen=True):

@@ -231,6 +231,8 @@ FEATURE_NAMES = (
     "length_ratio", "length_difference", "length_mean", "ordered_bigram_overlap",
     "numbers_differ", "negation_differs", "opposite_operations", "entities_differ",
 )
+# The guard signals, the last features in that order.
+GUARD_FEATURES = FEATURE_NAMES[-4:]
 
 
 def _grams(compact: str, n: int) -> frozenset[str]:
