@@ -90,17 +90,29 @@ def split_pairs(pairs: Sequence[Pair], held_out_percent: int) -> tuple[list[Pair
     return kept, held
 
 
-def qqp_hard(path: Path, split: str) -> list[Pair]:
+QQP_POOL_SIZE = 2000
+
+
+def qqp_hard(path: Path, split: str, pool_size: int = QQP_POOL_SIZE) -> list[Pair]:
     """Quora duplicates with hard negatives, deterministically.
 
     The questions are split by a stable hash of their duplicate cluster (``train``: buckets 0-49,
-    ``eval``: 50-99). Within a split every positive pair ``(origin, similar)`` is kept, and each
-    origin is also paired with the lexically nearest ``similar`` (TF-IDF over character 2-4-grams)
-    of another cluster: a hard negative. Pairs linked through a shared duplicate are one cluster.
+    ``eval``: 50-99); pairs linked through a shared duplicate are one cluster. Within a split every
+    positive pair ``(origin, similar)`` is kept. The split is cut into pools of ``pool_size`` pairs
+    (ordered by cluster hash), and each origin is also paired with the lexically nearest
+    ``similar`` (word TF-IDF) of another cluster in its pool: a hard negative.
+
+    The pool size sets how hard the negatives are. Quora links only a fraction of its duplicates,
+    so the larger the pool, the more often the "nearest question of another cluster" is itself an
+    unlinked duplicate. Pools of 2,000 reproduce the cosine baselines of the shared data README
+    (USE and all-MiniLM-L6-v2, docs/QUALITY.md); every origin row gets one negative, so an origin
+    with several duplicates has its negative as often;
+    ``pool_size=0`` searches the whole split (about 15,000 pairs), the harsher variant.
 
     Args:
         path: ``qqp_similar.json``.
         split: ``train`` or ``eval``.
+        pool_size: Pairs per pool in which negatives are searched; 0 for the whole split.
     """
     from sklearn.feature_extraction.text import TfidfVectorizer
 
@@ -120,19 +132,22 @@ def qqp_hard(path: Path, split: str) -> list[Pair]:
             parent[max(a, b)] = min(a, b)
     wanted = range(0, 50) if split == "train" else range(50, 100)
     chosen = [r for r in rows if _bucket(find(r["origin"])) in wanted]
-    origins = [r["origin"] for r in chosen]
-    similars = [r["similar"] for r in chosen]
-    clusters = np.array([find(o) for o in origins])
-    vectorizer = TfidfVectorizer(analyzer="char_wb", ngram_range=(2, 4), lowercase=True, dtype=np.float32)
-    vectorizer.fit(origins + similars)
-    origin_matrix, similar_matrix = vectorizer.transform(origins), vectorizer.transform(similars)
-    pairs = [Pair(cached=o, asked=s, label=1) for o, s in zip(origins, similars, strict=True)]
-    for start in range(0, len(origins), 1000):
-        scores = (origin_matrix[start : start + 1000] @ similar_matrix.T).toarray()
-        same_cluster = clusters[start : start + 1000, None] == clusters[None, :]
-        scores[same_cluster] = -1.0
-        for offset, best in enumerate(scores.argmax(axis=1)):
-            pairs.append(Pair(cached=origins[start + offset], asked=similars[best], label=0))
+    # Order by a full hash of the cluster: pools mix topics, and a cluster stays contiguous.
+    chosen.sort(key=lambda r: hashlib.sha256(find(r["origin"]).encode("utf-8")).hexdigest())
+    size = pool_size or len(chosen)
+    pairs = [Pair(cached=r["origin"], asked=r["similar"], label=1) for r in chosen]
+    for start in range(0, len(chosen), size):
+        pool = chosen[start : start + size]
+        origins, similars = [r["origin"] for r in pool], [r["similar"] for r in pool]
+        clusters = np.array([find(o) for o in origins])
+        vectorizer = TfidfVectorizer(lowercase=True, dtype=np.float32).fit(origins + similars)
+        origin_matrix, similar_matrix = vectorizer.transform(origins), vectorizer.transform(similars)
+        for block in range(0, len(pool), 1000):
+            scores = (origin_matrix[block : block + 1000] @ similar_matrix.T).toarray()
+            scores[clusters[block : block + 1000, None] == clusters[None, :]] = -1.0
+            for offset, best in enumerate(scores.argmax(axis=1)):
+                if scores[offset, best] >= 0.0:  # a pool of one cluster has no negative to offer
+                    pairs.append(Pair(cached=origins[block + offset], asked=similars[best], label=0))
     return pairs
 
 
@@ -210,11 +225,28 @@ def decide(table: PairTable, policy: SemanticPolicy) -> np.ndarray:
     return gate & ((table.similarity >= policy.accept_above) | (table.probability >= policy.min_probability))
 
 
-def fit(table: PairTable, target_precision: float, min_hits: int = 20) -> tuple[SemanticPolicy, Score] | None:
+def precision_lower_bound(true_hits: np.ndarray | int, hits: np.ndarray | int, z: float) -> np.ndarray:
+    """Wilson score lower bound of precision, ``z`` standard errors below; 1.0 with no hits.
+
+    A policy chosen for its point precision on a few hundred pairs is chosen partly for luck: the
+    best of many grid points lands above its true precision. Asking the lower bound to reach the
+    target leaves that margin (``z=0`` is the point precision).
+    """
+    k, n = np.asarray(true_hits, dtype=float), np.asarray(hits, dtype=float)
+    safe = np.maximum(n, 1.0)
+    p = k / safe
+    centre = p + z * z / (2 * safe)
+    spread = z * np.sqrt(p * (1 - p) / safe + z * z / (4 * safe * safe))
+    return np.where(n > 0, (centre - spread) / (1 + z * z / safe), 1.0)
+
+
+def fit(table: PairTable, target_precision: float, min_hits: int = 20,
+        margin: float = 1.0) -> tuple[SemanticPolicy, Score] | None:
     """The policy with the highest recall whose precision reaches the target on the table.
 
-    A policy counts only with at least ``min_hits`` hits, so that a handful of lucky pairs does
-    not pass for precision. Of policies with equal recall the one with the highest cosine
+    A policy counts only with at least ``min_hits`` hits, and only when the Wilson lower bound of
+    its precision, ``margin`` standard errors down, reaches the target: a handful of lucky pairs
+    does not pass for precision. Of policies with equal recall the one with the highest cosine
     threshold wins: fewer candidates reach the learned verifier.
     """
     best: tuple[SemanticPolicy, Score] | None = None
@@ -229,20 +261,25 @@ def fit(table: PairTable, target_precision: float, min_hits: int = 20) -> tuple[
                 policy = SemanticPolicy(threshold=float(threshold), accept_above=accept_above,
                                         min_probability=float(min_probability))
                 result = score(decide(table, policy), table.label)
-                if result.hits < min_hits or result.precision < target_precision:
+                true_hits = round(result.precision * result.hits)
+                if result.hits < min_hits or precision_lower_bound(true_hits, result.hits, margin) < target_precision:
                     continue
                 if best is None or result.recall > best[1].recall:
                     best = (policy, result)
     return best
 
 
-def cosine_only_recall(table: PairTable, target_precision: float, min_hits: int = 20) -> tuple[float, float | None]:
-    """Recall of cosine alone at the target precision, and the threshold that gives it."""
+def cosine_only_recall(table: PairTable, target_precision: float, min_hits: int = 20,
+                       margin: float = 0.0) -> tuple[float, float | None]:
+    """Recall of cosine alone at the target precision, and the threshold that gives it.
+
+    ``margin`` as in :func:`fit`; 0 (point precision) makes this the best any threshold can do.
+    """
     order = np.argsort(-table.similarity)
     labels = table.label[order]
     true_hits = np.cumsum(labels)
-    precision = true_hits / np.arange(1, len(labels) + 1)
-    ok = np.where((precision >= target_precision) & (np.arange(1, len(labels) + 1) >= min_hits))[0]
+    hits = np.arange(1, len(labels) + 1)
+    ok = np.where((precision_lower_bound(true_hits, hits, margin) >= target_precision) & (hits >= min_hits))[0]
     if not len(ok):
         return 0.0, None
     last = ok.max()

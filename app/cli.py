@@ -1,9 +1,9 @@
 """The ``strata`` command.
 
     strata calibrate evaluate --pairs FILE.csv [--category NAME]
-    strata calibrate fit --pairs FILE.csv --target-precision 0.99 [--category NAME ...] [--plot FILE.png]
+    strata calibrate fit --pairs FILE.csv --target-precision 0.99 [--margin Z] [--category NAME ...] [--plot FILE.png]
     strata calibrate train [--data-dir DIR] [--out schemas/verifier.json]
-    strata calibrate qqp-hard --split eval|train --out FILE.csv [--data-dir DIR]
+    strata calibrate qqp-hard --split eval|train --out FILE.csv [--pool N] [--data-dir DIR]
     strata keys [--file KEYS.json] add --tenant NAME | revoke KEY_ID | list
 
 Settings (embedder, policy file, verifier files) come from the same ``STRATA_*`` environment
@@ -74,13 +74,17 @@ def cmd_fit(args: argparse.Namespace, settings: Settings) -> int:
     unknown = [c for c in categories if c not in policy.categories]
     if unknown:
         return _fail(f"unknown category {unknown[0]!r}; known: {', '.join(sorted(policy.categories))}")
+    if args.margin < 0:
+        return _fail("--margin must be >= 0")
     table = tabulate(pairs, similarities(pairs, encoder), verifier)
-    cosine_recall, cosine_threshold = cosine_only_recall(table, args.target_precision)
-    where = f"threshold {cosine_threshold:.3f}" if cosine_threshold is not None else "no threshold reaches it"
-    print(f"cosine alone at precision >= {args.target_precision}: recall {cosine_recall:.4f} ({where})")
-    best = fit(table, args.target_precision)
+    for label, margin in (("best threshold", 0.0), (f"margin {args.margin:g}", args.margin)):
+        cosine_recall, cosine_threshold = cosine_only_recall(table, args.target_precision, margin=margin)
+        where = f"threshold {cosine_threshold:.3f}" if cosine_threshold is not None else "no threshold reaches it"
+        print(f"cosine alone at precision >= {args.target_precision} ({label}): recall {cosine_recall:.4f} ({where})")
+    best = fit(table, args.target_precision, margin=args.margin)
     if best is None:
-        print(f"no policy reaches precision {args.target_precision} with at least 20 hits on {args.pairs}")
+        print(f"no policy reaches precision {args.target_precision} (margin {args.margin:g}) with at least 20 hits "
+              f"on {args.pairs}")
         print("recommendation: keep the semantic layer off for these categories (semantic.enabled: false)")
         return 0
     chosen, result = best
@@ -131,7 +135,7 @@ def cmd_qqp_hard(args: argparse.Namespace, settings: Settings) -> int:
     source = Path(args.data_dir) / "qqp_similar.json"
     if not source.exists():
         return _fail(f"not found: {source}")
-    pairs = qqp_hard(source, args.split)
+    pairs = qqp_hard(source, args.split, args.pool)
     write_pairs(pairs, Path(args.out))
     print(f"wrote {len(pairs)} pairs ({sum(p.label for p in pairs)} positives) to {args.out}")
     return 0
@@ -167,6 +171,11 @@ def cmd_keys(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+# Mirrors app.calibrate.QQP_POOL_SIZE (a test keeps them equal) so that `strata --help` need not
+# import numpy.
+QQP_POOL_SIZE = 2000
+
+
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="strata", description="Strata command line.")
     commands = root.add_subparsers(dest="command", required=True)
@@ -182,6 +191,9 @@ def parser() -> argparse.ArgumentParser:
     fit_step.add_argument("--pairs", required=True)
     fit_step.add_argument("--target-precision", type=float, required=True)
     fit_step.add_argument("--category", action="append", help="category to recommend for (repeatable; default all)")
+    fit_step.add_argument("--margin", type=float, default=1.0,
+                          help="standard errors the Wilson lower bound of precision keeps below the point "
+                               "estimate (0: point precision)")
     fit_step.add_argument("--plot", default="calibration.png", help="PNG to write")
     fit_step.set_defaults(run=cmd_fit)
 
@@ -194,6 +206,8 @@ def parser() -> argparse.ArgumentParser:
     qqp = steps.add_parser("qqp-hard", help="write the deterministic QQP pairs with hard negatives")
     qqp.add_argument("--split", choices=("train", "eval"), default="eval")
     qqp.add_argument("--out", required=True)
+    qqp.add_argument("--pool", type=int, default=QQP_POOL_SIZE,
+                     help="pairs per pool in which negatives are searched; 0 for the whole split (harsher)")
     qqp.add_argument("--data-dir", default=str(DEFAULT_DATA))
     qqp.set_defaults(run=cmd_qqp_hard)
 
