@@ -86,10 +86,17 @@ def test_missing_file_and_unknown_category_exit_2(tmp_path: Path) -> None:
 def test_fit_recommends_a_policy_and_draws_the_trade_off(tmp_path: Path) -> None:
     rows = PAIRS * 4 + [(f"How do I reset my password {i}?", f"How can I reset my password {i}?", 1) for i in range(30)]
     plot = tmp_path / "pr.png"
-    result = strata("calibrate", "fit", "--pairs", str(write(tmp_path / "p.csv", rows)), "--target-precision", "0.99",
+    pairs = str(write(tmp_path / "p.csv", rows))
+    # 30-odd right hits are too few to claim 0.99 one standard error down (Wilson bound 30/31)...
+    cautious = strata("calibrate", "fit", "--pairs", pairs, "--target-precision", "0.99", "--category", "faq",
+                      "--plot", str(plot))
+    assert cautious.returncode == 0, cautious.stderr
+    assert "no policy reaches precision 0.99 (margin 1)" in cautious.stdout and not plot.exists()
+    # ...but enough for the point precision.
+    result = strata("calibrate", "fit", "--pairs", pairs, "--target-precision", "0.99", "--margin", "0",
                     "--category", "faq", "--plot", str(plot))
     assert result.returncode == 0, result.stderr
-    assert "cosine alone at precision >= 0.99" in result.stdout
+    assert "cosine alone at precision >= 0.99 (best threshold)" in result.stdout
     assert re.search(r"faq:\n\s+semantic: \{enabled: true, threshold: 0\.\d\d, accept_above: [01]\.\d+, min_probability: 0\.\d+\}",
                      result.stdout), result.stdout
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
