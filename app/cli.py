@@ -77,7 +77,8 @@ def cmd_fit(args: argparse.Namespace, settings: Settings) -> int:
     if args.margin < 0:
         return _fail("--margin must be >= 0")
     table = tabulate(pairs, similarities(pairs, encoder), verifier)
-    for label, margin in (("best threshold", 0.0), (f"margin {args.margin:g}", args.margin)):
+    margins = {0.0: "best threshold"} | ({args.margin: f"margin {args.margin:g}"} if args.margin else {})
+    for margin, label in margins.items():
         cosine_recall, cosine_threshold = cosine_only_recall(table, args.target_precision, margin=margin)
         where = f"threshold {cosine_threshold:.3f}" if cosine_threshold is not None else "no threshold reaches it"
         print(f"cosine alone at precision >= {args.target_precision} ({label}): recall {cosine_recall:.4f} ({where})")
