@@ -7,6 +7,7 @@ the same scope; label 1 means the cached answer is right for it. Every decision 
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import hashlib
 import io
@@ -20,8 +21,10 @@ from typing import Any
 import numpy as np
 
 from app.cache.keys import normalize_text
-from app.cache.verify import FEATURE_NAMES, GUARD_FEATURES, PairVerifier, TreeEnsemble, VerifierArtifact
+from app.cache.base import Verdict
+from app.cache.verify import FEATURE_NAMES, GUARD_FEATURES, VERIFIED, PairVerifier, TreeEnsemble, VerifierArtifact
 from app.embed import Encoder
+from app.judge import AnswerJudge
 from app.policy import SemanticPolicy
 
 REQUIRED_COLUMNS = ("sentence1", "sentence2", "label")
@@ -187,13 +190,40 @@ def score(decisions: np.ndarray, labels: np.ndarray) -> Score:
     )
 
 
-def evaluate(pairs: Sequence[Pair], sims: np.ndarray, verifier: PairVerifier, policy: SemanticPolicy) -> tuple[Score, dict[str, int]]:
-    """The service's decision for every pair; returns the score and the count of each reason."""
-    decisions = np.zeros(len(pairs), dtype=bool)
+def verify_all(pairs: Sequence[Pair], sims: np.ndarray, verifier: PairVerifier, policy: SemanticPolicy) -> list[Verdict]:
+    """The verification stage's verdict for every pair, as the service would give it."""
+    return [
+        verifier.verify(normalize_text(pair.asked), normalize_text(pair.cached), float(similarity), policy)
+        for pair, similarity in zip(pairs, sims, strict=True)
+    ]
+
+
+async def judge_all(pairs: Sequence[Pair], verdicts: list[Verdict], judge: AnswerJudge, model: str,
+                    concurrency: int = 4) -> tuple[list[Verdict], list[float]]:
+    """Put the LLM judge's verdict in place of every ``verifier_accepted`` one, as the service does.
+
+    Returns:
+        The verdicts, and the judge's latency in seconds for each call made.
+    """
+    slots = asyncio.Semaphore(concurrency)
+    latencies: list[float] = []
+    judged = list(verdicts)
+
+    async def one(i: int) -> None:
+        async with slots:
+            started = time.perf_counter()
+            judged[i] = await judge.confirm(normalize_text(pairs[i].asked), normalize_text(pairs[i].cached), model)
+            latencies.append(time.perf_counter() - started)
+
+    await asyncio.gather(*(one(i) for i, v in enumerate(verdicts) if v.reason == VERIFIED))
+    return judged, latencies
+
+
+def evaluate(pairs: Sequence[Pair], verdicts: Sequence[Verdict]) -> tuple[Score, dict[str, int]]:
+    """Score the service's decisions; returns the score and the count of each reason."""
+    decisions = np.array([v.accepted for v in verdicts], dtype=bool)
     reasons: dict[str, int] = {}
-    for i, (pair, similarity) in enumerate(zip(pairs, sims, strict=True)):
-        verdict = verifier.verify(normalize_text(pair.asked), normalize_text(pair.cached), float(similarity), policy)
-        decisions[i] = verdict.accepted
+    for verdict in verdicts:
         reasons[verdict.reason] = reasons.get(verdict.reason, 0) + 1
     return score(decisions, np.array([p.label for p in pairs])), reasons
 

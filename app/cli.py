@@ -13,6 +13,7 @@ variables as the service, so the decisions are the ones the service would make.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 import time
 from pathlib import Path
@@ -35,8 +36,26 @@ def _context(settings: Settings):  # noqa: ANN202 - a small tuple of loaded part
     return Policy.load(settings.resolve(settings.policy_file)), load_encoder(settings.embedder, settings.embedder_model), load_verifier(settings)
 
 
+async def _judge(pairs, verdicts, settings: Settings):  # noqa: ANN001, ANN202 - types live in app.calibrate
+    """Run the LLM judge over the verifier's band acceptances through the configured upstream."""
+    import msgspec
+
+    from app.calibrate import judge_all
+    from app.judge import AnswerJudge
+    from app.upstream import Upstream
+
+    upstream = Upstream(settings)
+    try:
+        model = settings.judge_model
+        if not model:  # the service asks the model a request names; here, the first one served
+            model = msgspec.json.decode(await upstream.models())["data"][0]["id"]
+        return await judge_all(pairs, verdicts, AnswerJudge(upstream, settings.judge_timeout_s, model), model)
+    finally:
+        await upstream.close()
+
+
 def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
-    from app.calibrate import PairsFileError, evaluate, read_pairs, similarities
+    from app.calibrate import PairsFileError, evaluate, read_pairs, similarities, verify_all
 
     try:
         pairs = read_pairs(Path(args.pairs))
@@ -48,12 +67,30 @@ def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
         return _fail(f"unknown category {args.category!r}; known: {', '.join(sorted(policy.categories))}")
     started = time.perf_counter()
     sims = similarities(pairs, encoder)
-    result, reasons = evaluate(pairs, sims, verifier, category.semantic)
-    elapsed = time.perf_counter() - started
     rules = category.semantic
+    verdicts = verify_all(pairs, sims, verifier, rules)
+    judge_line = None
+    if rules.judge:
+        from app.errors import StrataError
+
+        try:
+            verdicts, latencies = asyncio.run(_judge(pairs, verdicts, settings))
+        except (StrataError, KeyError, IndexError, ValueError) as exc:
+            return _fail(f"category {category.name!r} uses the LLM judge, but the upstream at "
+                         f"{settings.upstream_url} cannot name a model: {exc}")
+        if latencies:
+            ms = sorted(1000 * s for s in latencies)
+            judge_line = (f"LLM judge: {len(ms)} calls, latency p50 {ms[len(ms) // 2]:.0f} ms, "
+                          f"p95 {ms[min(len(ms) - 1, int(len(ms) * 0.95))]:.0f} ms")
+        else:
+            judge_line = "LLM judge: no candidate reached it"
+    result, reasons = evaluate(pairs, verdicts)
+    elapsed = time.perf_counter() - started
     print(f"pairs file: {args.pairs}")
     print(f"category: {category.name} (threshold {rules.threshold}, accept_above {rules.accept_above}, "
-          f"min_probability {rules.min_probability}); embedder: {encoder.name}")
+          f"min_probability {rules.min_probability}, judge {'on' if rules.judge else 'off'}); embedder: {encoder.name}")
+    if judge_line:
+        print(judge_line)
     print("decisions by reason: " + ", ".join(f"{k}={v}" for k, v in sorted(reasons.items())))
     print(f"took {elapsed:.1f} s")
     print(result.line())

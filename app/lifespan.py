@@ -22,6 +22,7 @@ from app.cache.semantic import SemanticCache, adopt_embedder, index_dims
 from app.cache.verify import PairVerifier
 from app.cache.version import VersionTag, sweep_stale_versions
 from app.embed import BatchingEmbedder, Encoder, load_encoder
+from app.judge import AnswerJudge
 from app.limits import TenantRateLimiter
 from app.metrics import Metrics
 from app.pipeline import CACHE_ERRORS, ChatPipeline
@@ -115,7 +116,8 @@ async def build_resources(settings: Settings, encoder: Encoder | None = None) ->
         layers.append(semantic)
     flight = SingleFlight(redis, lease_s=settings.singleflight_lease_s, poll_s=settings.singleflight_poll_s)
     pipeline = ChatPipeline(
-        settings=settings, versions=versions, layers=layers, upstream=upstream, metrics=metrics, flight=flight
+        settings=settings, versions=versions, layers=layers, upstream=upstream, metrics=metrics, flight=flight,
+        judge=AnswerJudge(upstream, settings.judge_timeout_s, settings.judge_model),
     )
     tenants = TenantResolver(settings.resolve(settings.keys_file) if settings.keys_file else None)
     rate_limiter = TenantRateLimiter(settings.tenant_rps, settings.tenant_burst or settings.tenant_rps, settings.workers)

@@ -20,8 +20,10 @@ from redisvl.exceptions import RedisVLError
 from app.cache.base import CacheHit, CacheLayer, CacheQuery, CorruptEntry, EmbeddingFailed
 from app.cache.exact import StaleVersion
 from app.cache.keys import canonicalize, lease_key
+from app.cache.verify import VERIFIED
 from app.cache.version import VersionTag
 from app.errors import StrataError, UpstreamUnavailable
+from app.judge import AnswerJudge
 from app.metrics import Metrics
 from app.policy import CategoryPolicy
 from app.settings import Settings
@@ -83,6 +85,7 @@ class ChatPipeline:
         upstream: Upstream,
         metrics: Metrics,
         flight: SingleFlight | None = None,
+        judge: AnswerJudge | None = None,
     ) -> None:
         self._settings = settings
         self._versions = versions
@@ -90,6 +93,7 @@ class ChatPipeline:
         self._flight = flight
         self._upstream = upstream
         self._metrics = metrics
+        self._judge = judge
 
     def effective_max_tokens(self, request: ChatCompletionRequest) -> int:
         """The client's limit (or the default), never above the configured cap."""
@@ -245,10 +249,20 @@ class ChatPipeline:
                     hit = None  # a miss: the fresh answer overwrites the entry
                 else:
                     hit = msgspec.structs.replace(hit, decoded=completion)
+            if hit is not None and hit.reason == VERIFIED and query.category.semantic.judge:
+                hit = await self._judged(query, hit)
             self._metrics.lookups.labels(layer.name, "hit" if hit else "miss").inc()
             if hit is not None:
                 return query, hit, True
         return query, None, True
+
+    async def _judged(self, query: CacheQuery, hit: CacheHit) -> CacheHit | None:
+        """The hit if the LLM judge confirms it; ``None`` (a miss) if it says no or fails."""
+        if self._judge is None or query.canonical.question is None or hit.matched_question is None:
+            return None  # the policy asks for a judge that is not there: do not serve unconfirmed
+        verdict = await self._judge.confirm(query.canonical.question, hit.matched_question, query.canonical.model)
+        self._metrics.verifications.labels("accept" if verdict.accepted else "reject", verdict.reason).inc()
+        return msgspec.structs.replace(hit, reason=verdict.reason) if verdict.accepted else None
 
     def _serve_hit(self, hit: CacheHit, request: ChatCompletionRequest, started: float) -> ChatResult:
         outcome = _HIT_OUTCOMES[hit.layer]

@@ -21,6 +21,8 @@ class SemanticPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     threshold: Similarity = 0.90
     accept_above: Similarity = 0.99
     min_probability: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.9
+    # Ask the upstream model to confirm what the verifier accepted in the band (app/judge.py).
+    judge: bool = False
 
     def __post_init__(self) -> None:
         if self.accept_above < self.threshold:

@@ -63,6 +63,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     verification_lexicon: str = "schemas/verification.yaml"
     # The learned verifier of borderline semantic candidates; empty: none (the band never serves).
     verifier_artifact: str = "schemas/verifier.json"
+    # The LLM judge, for categories whose policy sets `semantic.judge: true`: the model to ask
+    # (empty: the model the request names) and how long to wait before rejecting the candidate.
+    judge_model: str = ""
+    judge_timeout_s: float = 5.0
     admin_token: str | None = None
 
     semantic_enabled: bool = True

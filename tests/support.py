@@ -17,6 +17,8 @@ import uvicorn
 from litestar import Litestar, Request, Response, get, post
 from litestar.response import Stream
 
+from app.judge import JUDGE_SYSTEM_PROMPT
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -80,6 +82,9 @@ class FakeUpstream:
         delay: Seconds to wait before answering.
         finish_reason: The finish reason of every answer.
         fail_mid_stream: Break streams after the first content chunk.
+        judge_reply: What the fake answers to LLM-judge prompts (app/judge.py).
+        judge_delay: Seconds to wait before answering a judge prompt.
+        judge_calls: Judge prompts received, as (cached question, new question).
     """
 
     calls: list[dict[str, Any]] = field(default_factory=list)
@@ -88,16 +93,25 @@ class FakeUpstream:
     finish_reason: str = "stop"
     fail_mid_stream: bool = False
     malformed_chunk: bool = False
+    judge_reply: str = "yes"
+    judge_delay: float = 0.0
+    judge_calls: list[tuple[str, str]] = field(default_factory=list)
 
     def reset(self) -> None:
         self.calls.clear()
         self.status, self.delay, self.finish_reason, self.fail_mid_stream = 200, 0.0, "stop", False
         self.malformed_chunk = False
+        self.judge_reply, self.judge_delay = "yes", 0.0
+        self.judge_calls.clear()
 
-    @staticmethod
-    def answer_for(body: dict[str, Any]) -> str:
-        """A deterministic answer naming the question and, in a conversation, its first turn."""
+    def answer_for(self, body: dict[str, Any]) -> str:
+        """A deterministic answer naming the question and, in a conversation, its first turn;
+        the configured reply to a judge prompt."""
         messages = body["messages"]
+        if messages[0]["content"] == JUDGE_SYSTEM_PROMPT:
+            cached, asked = (line.split(": ", 1)[1] for line in messages[1]["content"].splitlines()[:2])
+            self.judge_calls.append((cached, asked))
+            return self.judge_reply
         last = messages[-1]["content"]
         after = f" (after: {messages[0]['content']})" if len(messages) > 1 else ""
         return f"answer #{len(str(last))} to: {last}{after}"
@@ -111,6 +125,8 @@ class FakeUpstream:
             upstream.calls.append(body)
             if upstream.delay:
                 await asyncio.sleep(upstream.delay)
+            if upstream.judge_delay and body["messages"][0]["content"] == JUDGE_SYSTEM_PROMPT:
+                await asyncio.sleep(upstream.judge_delay)
             if upstream.status != 200:
                 error = {"error": {"message": "fake upstream failure", "type": "server_error", "code": None}}
                 return Response(msgspec.json.encode(error), status_code=upstream.status, media_type="application/json")

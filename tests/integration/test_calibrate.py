@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from app.asgi import create_app
-from app.calibrate import Pair, evaluate, similarities
+from app.calibrate import Pair, evaluate, similarities, verify_all
 from app.lifespan import load_verifier
 from app.policy import Policy
 from app.settings import PROJECT_ROOT, Settings
@@ -111,7 +111,7 @@ def test_the_service_decides_exactly_as_evaluate(
     offline = []
     verifier = load_verifier(Settings())
     for pair, similarity in zip(pairs, similarities(pairs, use_encoder), strict=True):
-        offline.append(evaluate([pair], [similarity], verifier, category.semantic)[0].hits == 1)
+        offline.append(evaluate([pair], verify_all([pair], [similarity], verifier, category.semantic))[0].hits == 1)
     served = []
     with ServerThread(create_app(settings, encoder=use_encoder)) as server:
         for index, pair in enumerate(pairs):
@@ -126,3 +126,23 @@ def test_the_service_decides_exactly_as_evaluate(
     assert served == offline
     assert any(served) and not all(served)
     assert 'strata_semantic_verifications_total{decision="reject",reason="numbers_differ"}' in metrics
+
+
+def test_evaluate_asks_the_llm_judge_like_the_service(tmp_path: Path, fake_upstream: FakeUpstream) -> None:
+    pairs = str(write(tmp_path / "p.csv", PAIRS))
+    env = {"STRATA_UPSTREAM_URL": fake_upstream.url + "/v1"}
+    fake_upstream.judge_reply = "Yes."
+    trusting = strata("calibrate", "evaluate", "--pairs", pairs, "--category", "judged", env=env)
+    assert trusting.returncode == 0, trusting.stderr
+    calls = len(fake_upstream.judge_calls)
+    assert calls >= 1 and f"LLM judge: {calls} calls" in trusting.stdout and "judge_accepted=" in trusting.stdout
+    # Only what the verifier accepted in the band reaches the judge, as the normalised question pair.
+    assert set(fake_upstream.judge_calls) <= {(a, b) for a, b, _ in PAIRS}
+    fake_upstream.judge_reply = "no"
+    vetoed = strata("calibrate", "evaluate", "--pairs", pairs, "--category", "judged", env=env)
+    assert LAST_LINE.match(vetoed.stdout.strip().splitlines()[-1]).group(3) == "0"  # type: ignore[union-attr]
+    assert f"judge_rejected={calls}" in vetoed.stdout
+    unreachable = strata("calibrate", "evaluate", "--pairs", pairs, "--category", "judged",
+                         env={"STRATA_UPSTREAM_URL": "http://127.0.0.1:9/v1", "STRATA_UPSTREAM_MAX_RETRIES": "0"})
+    assert unreachable.returncode == 2 and len(unreachable.stderr.strip().splitlines()) == 1
+    assert "uses the LLM judge" in unreachable.stderr

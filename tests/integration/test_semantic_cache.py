@@ -20,7 +20,8 @@ FAQ = {"X-Cache-Category": "faq"}
 
 @pytest.fixture(scope="module")
 def semantic_strata(redis_url: str, fake_upstream: FakeUpstream, use_encoder: Any) -> Iterator[str]:
-    settings = strata_settings(redis_url, fake_upstream.url, semantic_enabled=True)  # type: ignore[attr-defined]
+    settings = strata_settings(redis_url, fake_upstream.url, semantic_enabled=True,  # type: ignore[attr-defined]
+                               judge_timeout_s=0.5)
     with ServerThread(create_app(settings, encoder=use_encoder)) as server:
         yield server.url
 
@@ -71,6 +72,35 @@ def test_policies_are_per_category(client: httpx.Client) -> None:
     metrics = client.get("/metrics").text
     assert 'strata_semantic_verifications_total{decision="reject",reason="verifier_rejected"}' in metrics
     assert 'strata_semantic_verifications_total{decision="accept",reason="above_band"}' in metrics
+
+
+def test_the_llm_judge_confirms_or_vetoes_what_the_verifier_accepted(
+    client: httpx.Client, fake_upstream: FakeUpstream
+) -> None:
+    judged = {"X-Cache-Category": "judged"}
+    for reply, system in (("no", "veto"), ("yes", "confirm")):
+        fake_upstream.judge_reply = reply
+        ask(client, "How do I reset my password?", system=system, headers=judged)
+        answer = ask(client, "How can I reset my password?", system=system, headers=judged)
+        assert fake_upstream.judge_calls[-1] == ("How do I reset my password?", "How can I reset my password?")
+        if reply == "no":
+            # A veto is a miss: the model answers the question itself.
+            assert answer.headers["x-cache"] == "miss" and "to: How can I reset my password?" in content(answer)
+        else:
+            assert answer.headers["x-cache"] == "semantic-hit"
+            assert answer.headers["x-cache-verdict"] == "judge_accepted"
+    # A judge that does not answer in time is a veto too, never an error.
+    fake_upstream.judge_delay = 1.0
+    ask(client, "How do I reset my password?", system="slow", headers=judged)
+    slow = ask(client, "How can I reset my password?", system="slow", headers=judged)
+    assert slow.status_code == 200 and slow.headers["x-cache"] == "miss"
+    # Other categories never ask the judge.
+    calls = len(fake_upstream.judge_calls)
+    ask(client, "怎么申请退款")
+    assert ask(client, "退款怎么申请").headers["x-cache"] == "semantic-hit" and len(fake_upstream.judge_calls) == calls
+    metrics = client.get("/metrics").text
+    for decision, reason in (("reject", "judge_rejected"), ("accept", "judge_accepted"), ("reject", "judge_failed")):
+        assert f'strata_semantic_verifications_total{{decision="{decision}",reason="{reason}"}} 1.0' in metrics
 
 
 def test_a_hit_says_why_it_was_accepted(client: httpx.Client) -> None:
