@@ -1,6 +1,6 @@
 """The ``strata`` command.
 
-    strata calibrate evaluate --pairs FILE.csv [--category NAME]
+    strata calibrate evaluate --pairs FILE.csv [--category NAME] [--every K]
     strata calibrate fit --pairs FILE.csv --target-precision 0.99 [--margin Z] [--category NAME ...] [--plot FILE.png]
     strata calibrate train [--data-dir DIR] [--out schemas/verifier.json]
     strata calibrate qqp-hard --split eval|train --out FILE.csv [--pool N] [--data-dir DIR]
@@ -61,6 +61,9 @@ def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
         pairs = read_pairs(Path(args.pairs))
     except PairsFileError as exc:
         return _fail(str(exc))
+    if args.every < 1:
+        return _fail("--every must be >= 1")
+    pairs = pairs[:: args.every]
     policy, encoder, verifier = _context(settings)
     category = policy.get(args.category)
     if category is None:
@@ -223,6 +226,8 @@ def parser() -> argparse.ArgumentParser:
     evaluate = steps.add_parser("evaluate", help="precision and recall of the service's decisions on a pairs file")
     evaluate.add_argument("--pairs", required=True, help="CSV with header sentence1,sentence2,label")
     evaluate.add_argument("--category", default=None, help="policy category (default: the policy's default)")
+    evaluate.add_argument("--every", type=int, default=1,
+                          help="score every K-th pair only, a deterministic sample (the LLM judge is slow)")
     evaluate.set_defaults(run=cmd_evaluate)
 
     fit_step = steps.add_parser("fit", help="recommend thresholds for a target precision, and plot the trade-off")

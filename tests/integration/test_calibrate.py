@@ -146,3 +146,11 @@ def test_evaluate_asks_the_llm_judge_like_the_service(tmp_path: Path, fake_upstr
                          env={"STRATA_UPSTREAM_URL": "http://127.0.0.1:9/v1", "STRATA_UPSTREAM_MAX_RETRIES": "0"})
     assert unreachable.returncode == 2 and len(unreachable.stderr.strip().splitlines()) == 1
     assert "uses the LLM judge" in unreachable.stderr
+
+
+def test_evaluate_every_kth_pair(tmp_path: Path) -> None:
+    pairs = str(write(tmp_path / "p.csv", PAIRS))
+    sample = strata("calibrate", "evaluate", "--pairs", pairs, "--every", "2")
+    assert sample.returncode == 0, sample.stderr
+    assert LAST_LINE.match(sample.stdout.strip().splitlines()[-1]).group(5) == "4"  # type: ignore[union-attr]
+    assert strata("calibrate", "evaluate", "--pairs", pairs, "--every", "0").returncode == 2
