@@ -316,8 +316,9 @@ def cosine_only_recall(table: PairTable, target_precision: float, min_hits: int 
     return float(true_hits[last] / max(1, labels.sum())), float(table.similarity[order][last])
 
 
-def plot(table: PairTable, policy: SemanticPolicy, output: Path, title: str) -> None:
-    """Precision-recall curves: cosine alone, and the verifier's probability under the policy's gate."""
+def plot(table: PairTable, policy: SemanticPolicy, output: Path, title: str, target_precision: float) -> None:
+    """Precision-recall curves: cosine alone, the verifier's probability past the guards at any
+    cosine and under the policy's gate, the chosen policy and the target."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -335,13 +336,15 @@ def plot(table: PairTable, policy: SemanticPolicy, output: Path, title: str) -> 
     figure, axis = plt.subplots(figsize=(7, 5), dpi=110)
     recall, precision = curve(table.similarity, np.ones(len(table.label), dtype=bool))
     axis.plot(recall, precision, label="cosine similarity alone")
+    recall, precision = curve(table.probability, table.guard_ok)
+    axis.plot(recall, precision, label="guards + verifier, any cosine")
     gate = (table.similarity >= policy.threshold) & table.guard_ok
     recall, precision = curve(table.probability, gate)
-    axis.plot(recall, precision, label=f"guards + verifier (cosine >= {policy.threshold:.2f})")
+    axis.plot(recall, precision, label=f"guards + verifier, cosine >= {policy.threshold:.2f}")
     chosen = score(decide(table, policy), table.label)
     axis.scatter([chosen.recall], [chosen.precision], color="black", zorder=3,
                  label=f"chosen policy: P={chosen.precision:.3f} R={chosen.recall:.3f}")
-    axis.axhline(0.99, color="grey", linestyle=":", linewidth=1)
+    axis.axhline(target_precision, color="grey", linestyle=":", linewidth=1, label=f"target {target_precision}")
     axis.set(xlabel="recall (true paraphrases served)", ylabel="precision (hits that are right)",
              title=title, xlim=(0, 1), ylim=(0.3, 1.005))
     axis.legend(loc="lower left")

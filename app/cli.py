@@ -134,7 +134,8 @@ def cmd_fit(args: argparse.Namespace, settings: Settings) -> int:
     for name in categories:
         print(f"  {name}:\n    semantic: {{enabled: true, threshold: {chosen.threshold:.2f}, "
               f"accept_above: {chosen.accept_above:.3f}, min_probability: {chosen.min_probability:.3f}}}")
-    plot(table, chosen, Path(args.plot), f"{Path(args.pairs).name}: target precision {args.target_precision}")
+    plot(table, chosen, Path(args.plot), f"{Path(args.pairs).name}: target precision {args.target_precision}",
+         args.target_precision)
     print(f"precision-recall plot: {args.plot}")
     return 0
 
