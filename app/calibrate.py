@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from app.cache.keys import normalize_text
 from app.cache.base import Verdict
+from app.cache.keys import normalize_text
 from app.cache.verify import FEATURE_NAMES, GUARD_FEATURES, VERIFIED, PairVerifier, TreeEnsemble, VerifierArtifact
 from app.embed import Encoder
 from app.judge import AnswerJudge
@@ -133,7 +133,7 @@ def qqp_hard(path: Path, split: str, pool_size: int = QQP_POOL_SIZE) -> list[Pai
         a, b = find(row["origin"]), find(row["similar"])
         if a != b:
             parent[max(a, b)] = min(a, b)
-    wanted = range(0, 50) if split == "train" else range(50, 100)
+    wanted = range(50) if split == "train" else range(50, 100)
     chosen = [r for r in rows if _bucket(find(r["origin"])) in wanted]
     # Order by a full hash of the cluster: pools mix topics, and a cluster stays contiguous.
     chosen.sort(key=lambda r: hashlib.sha256(find(r["origin"]).encode("utf-8")).hexdigest())

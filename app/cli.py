@@ -28,7 +28,7 @@ def _fail(message: str) -> int:
     return 2
 
 
-def _context(settings: Settings):  # noqa: ANN202 - a small tuple of loaded parts
+def _context(settings: Settings):
     from app.embed import load_encoder
     from app.lifespan import load_verifier
     from app.policy import Policy
@@ -36,7 +36,7 @@ def _context(settings: Settings):  # noqa: ANN202 - a small tuple of loaded part
     return Policy.load(settings.resolve(settings.policy_file)), load_encoder(settings.embedder, settings.embedder_model), load_verifier(settings)
 
 
-async def _judge(pairs, verdicts, settings: Settings):  # noqa: ANN001, ANN202 - types live in app.calibrate
+async def _judge(pairs, verdicts, settings: Settings):
     """Run the LLM judge over the verifier's band acceptances through the configured upstream."""
     import msgspec
 

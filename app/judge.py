@@ -1,10 +1,10 @@
 """The optional LLM judge: the upstream model confirms a borderline semantic candidate.
 
 Off by default (``semantic.judge`` in the policy file). When a category turns it on, a candidate
-that the learned verifier accepted in the borderline band (reason ``verifier_accepted``) is served only if
-the model, asked whether the two questions ask for the same thing, answers yes. The judge can only
-veto: it never serves a candidate the guards or the verifier rejected. A failure or a timeout of
-the judge is a rejection (a miss), never an error for the client.
+the learned verifier accepted in the borderline band (reason ``verifier_accepted``) is served
+only if the model, asked whether the two questions ask for the same thing, answers yes. The judge
+can only veto: it never serves a candidate the guards or the verifier rejected. A failure or a
+timeout of the judge is a rejection (a miss), never an error for the client.
 
 Only the two questions go into the prompt, not the cached answer, so ``strata calibrate evaluate``
 (which has questions only) asks exactly what the service asks.

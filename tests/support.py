@@ -8,8 +8,8 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import msgspec
