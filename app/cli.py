@@ -16,9 +16,15 @@ import argparse
 import asyncio
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from app.settings import PROJECT_ROOT, Settings
+
+if TYPE_CHECKING:  # the CLI imports numpy and the models only when a command needs them
+    from app.cache.base import Verdict
+    from app.calibrate import Pair
 
 DEFAULT_DATA = PROJECT_ROOT.parent / "shared" / "data"
 
@@ -36,7 +42,7 @@ def _context(settings: Settings):
     return Policy.load(settings.resolve(settings.policy_file)), load_encoder(settings.embedder, settings.embedder_model), load_verifier(settings)
 
 
-async def _judge(pairs, verdicts, settings: Settings):
+async def _judge(pairs: Sequence[Pair], verdicts: list[Verdict], settings: Settings) -> tuple[list[Verdict], list[float]]:
     """Run the LLM judge over the verifier's band acceptances through the configured upstream."""
     import msgspec
 
