@@ -290,8 +290,9 @@ def fit(table: PairTable, target_precision: float, min_hits: int = 20,
             for min_probability in probabilities:
                 policy = SemanticPolicy(threshold=float(threshold), accept_above=accept_above,
                                         min_probability=float(min_probability))
-                result = score(decide(table, policy), table.label)
-                true_hits = round(result.precision * result.hits)
+                decisions = decide(table, policy)
+                result = score(decisions, table.label)
+                true_hits = int((decisions & (table.label == 1)).sum())
                 if result.hits < min_hits or precision_lower_bound(true_hits, result.hits, margin) < target_precision:
                     continue
                 if best is None or result.recall > best[1].recall:

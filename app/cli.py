@@ -55,7 +55,8 @@ async def _judge(pairs: Sequence[Pair], verdicts: list[Verdict], settings: Setti
         model = settings.judge_model
         if not model:  # the service asks the model a request names; here, the first one served
             model = msgspec.json.decode(await upstream.models())["data"][0]["id"]
-        return await judge_all(pairs, verdicts, AnswerJudge(upstream, settings.judge_timeout_s, model), model)
+        # Built as the service builds it; `model` stands in for the model a request would name.
+        return await judge_all(pairs, verdicts, AnswerJudge(upstream, settings.judge_timeout_s, settings.judge_model), model)
     finally:
         await upstream.close()
 

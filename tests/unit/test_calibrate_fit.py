@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +39,10 @@ def test_cli_default_pool_matches_the_library() -> None:
     assert cli.QQP_POOL_SIZE == calibrate.QQP_POOL_SIZE
 
 
+def topic(question: str) -> str:
+    return re.search(r"\d+", question).group()  # type: ignore[union-attr]
+
+
 def test_qqp_hard_negatives_stay_in_their_pool_and_cluster(tmp_path: Path) -> None:
     rows = [{"origin": f"How do I learn topic {i} fast?", "similar": f"What is the fastest way to learn topic {i}?"}
             for i in range(60)]
@@ -52,7 +57,13 @@ def test_qqp_hard_negatives_stay_in_their_pool_and_cluster(tmp_path: Path) -> No
         # One negative per origin row, except where a pool holds nothing of another cluster.
         assert len(positives) - 1 <= len(negatives) <= len(positives)
         linked = {(p.cached, p.asked) for p in positives}
+        # Positives come in pool order: the pool of an origin is its run of 10.
+        pool_of = {p.cached: i // 10 for i, p in enumerate(positives)}
+        similars_in = {i // 10: set() for i in range(len(positives))}
+        for i, p in enumerate(positives):
+            similars_in[i // 10].add(p.asked)
         for negative in negatives:
             # Never a pair of the same duplicate cluster (topic 0's three questions are one).
-            assert negative.cached.split("topic ")[1].rstrip("?fast ") != negative.asked.split("topic ")[1].rstrip("?")
+            assert topic(negative.cached) != topic(negative.asked)
             assert (negative.cached, negative.asked) not in linked
+            assert negative.asked in similars_in[pool_of[negative.cached]]
