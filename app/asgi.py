@@ -42,5 +42,5 @@ def create_app(settings: Settings | None = None, encoder: Encoder | None = None)
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=[lifespan],
         state=State({"resources_factory": lambda: build_resources(settings, encoder)}),
-        request_max_body_size=settings.max_body_bytes,
+        request_max_body_size=settings.limits.max_body_bytes,
     )

@@ -97,10 +97,6 @@ class TenantResolver:
         if path is not None:
             self._reload(force=True)
 
-    @property
-    def enabled(self) -> bool:
-        return self._path is not None
-
     def _reload(self, force: bool = False) -> None:
         assert self._path is not None
         now = time.monotonic()

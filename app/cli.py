@@ -20,11 +20,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from app.calibrate.pairs import QQP_POOL_SIZE
 from app.settings import PROJECT_ROOT, Settings
 
 if TYPE_CHECKING:  # the CLI imports numpy and the models only when a command needs them
     from app.cache.base import Verdict
-    from app.calibrate import Pair
+    from app.calibrate.pairs import Pair
+    from app.policy import SemanticPolicy
 
 DEFAULT_DATA = PROJECT_ROOT.parent / "shared" / "data"
 
@@ -35,34 +37,43 @@ def _fail(message: str) -> int:
 
 
 def _context(settings: Settings):
+    from app.cache.verify import load_verifier
     from app.embed import load_encoder
-    from app.lifespan import load_verifier
     from app.policy import Policy
 
-    return Policy.load(settings.resolve(settings.policy_file)), load_encoder(settings.embedder, settings.embedder_model), load_verifier(settings)
+    options = settings.semantic
+    return (Policy.load(settings.resolve(settings.policy_file)), load_encoder(options.embedder, options.embedder_model),
+            load_verifier(settings))
 
 
-async def _judge(pairs: Sequence[Pair], verdicts: list[Verdict], settings: Settings) -> tuple[list[Verdict], list[float]]:
-    """Run the LLM judge over the verifier's band acceptances through the configured upstream."""
+async def _judge(pairs: Sequence[Pair], verdicts: list[Verdict], policy: SemanticPolicy,
+                 settings: Settings) -> tuple[list[Verdict], list[float]]:
+    """Run the judge step over the verdicts through the configured upstream, with the hook the
+    service builds (app/lifespan.py)."""
     import msgspec
 
-    from app.calibrate import judge_all
-    from app.judge import AnswerJudge
+    from app.cache.judge import AnswerJudge
+    from app.cache.verify import CandidateCheck, load_verifier
+    from app.calibrate.evaluate import judge_all
     from app.upstream import Upstream
 
-    upstream = Upstream(settings)
+    options = settings.semantic
+    upstream = Upstream(settings.upstream)
     try:
-        model = settings.judge_model
+        model = options.judge_model
         if not model:  # the service asks the model a request names; here, the first one served
             model = msgspec.json.decode(await upstream.models())["data"][0]["id"]
-        # Built as the service builds it; `model` stands in for the model a request would name.
-        return await judge_all(pairs, verdicts, AnswerJudge(upstream, settings.judge_timeout_s, settings.judge_model), model)
+        check = CandidateCheck(load_verifier(settings),
+                               confirm=AnswerJudge(upstream, options.judge_timeout_s, options.judge_model))
+        # `model` stands in for the model a request would name.
+        return await judge_all(pairs, verdicts, check, policy, model)
     finally:
         await upstream.close()
 
 
 def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
-    from app.calibrate import PairsFileError, evaluate, read_pairs, similarities, verify_all
+    from app.calibrate.evaluate import evaluate, similarities, verify_all
+    from app.calibrate.pairs import PairsFileError, read_pairs
 
     try:
         pairs = read_pairs(Path(args.pairs))
@@ -84,10 +95,10 @@ def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
         from app.errors import StrataError
 
         try:
-            verdicts, latencies = asyncio.run(_judge(pairs, verdicts, settings))
+            verdicts, latencies = asyncio.run(_judge(pairs, verdicts, rules, settings))
         except (StrataError, KeyError, IndexError, ValueError) as exc:
             return _fail(f"category {category.name!r} uses the LLM judge, but the upstream at "
-                         f"{settings.upstream_url} cannot name a model: {exc}")
+                         f"{settings.upstream.url} cannot name a model: {exc}")
         if latencies:
             ms = sorted(1000 * s for s in latencies)
             judge_line = (f"LLM judge: {len(ms)} calls, latency p50 {ms[len(ms) // 2]:.0f} ms, "
@@ -108,7 +119,10 @@ def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_fit(args: argparse.Namespace, settings: Settings) -> int:
-    from app.calibrate import PairsFileError, cosine_only_recall, fit, plot, read_pairs, similarities, tabulate
+    from app.calibrate.evaluate import similarities
+    from app.calibrate.fit import cosine_only_recall, fit, tabulate
+    from app.calibrate.pairs import PairsFileError, read_pairs
+    from app.calibrate.plot import plot
 
     if not 0.0 < args.target_precision <= 1.0:
         return _fail("--target-precision must be in (0, 1]")
@@ -150,17 +164,21 @@ def cmd_fit(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_train(args: argparse.Namespace, settings: Settings) -> int:
     import msgspec
 
-    from app.calibrate import qqp_hard, read_pairs, similarities, split_pairs, train, write_pairs
+    from app.cache.verify import load_verifier
+    from app.calibrate.evaluate import similarities
+    from app.calibrate.pairs import read_pairs, split_pairs, write_pairs
+    from app.calibrate.qqp import qqp_hard
+    from app.calibrate.train import train
     from app.embed import load_encoder
-    from app.lifespan import load_verifier
 
     data = Path(args.data_dir)
     afqmc_file, qqp_file = data / "afqmc_train.csv", data / "qqp_similar.json"
     for needed in (afqmc_file, qqp_file):
         if not needed.exists():
             return _fail(f"training data not found: {needed}")
-    encoder = load_encoder(settings.embedder, settings.embedder_model)
-    verifier = load_verifier(msgspec.structs.replace(settings, verifier_artifact=""))
+    encoder = load_encoder(settings.semantic.embedder, settings.semantic.embedder_model)
+    untrained = msgspec.structs.replace(settings.semantic, verifier_artifact="")
+    verifier = load_verifier(msgspec.structs.replace(settings, semantic=untrained))
     afqmc_fit, afqmc_calibration = split_pairs(read_pairs(afqmc_file), args.held_out)
     qqp_fit, qqp_calibration = split_pairs(qqp_hard(qqp_file, "train"), args.held_out)
     calibration_dir = PROJECT_ROOT / ".run" / "calibration"
@@ -179,7 +197,8 @@ def cmd_train(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_qqp_hard(args: argparse.Namespace, settings: Settings) -> int:
-    from app.calibrate import qqp_hard, write_pairs
+    from app.calibrate.pairs import write_pairs
+    from app.calibrate.qqp import qqp_hard
 
     source = Path(args.data_dir) / "qqp_similar.json"
     if not source.exists():
@@ -218,11 +237,6 @@ def cmd_keys(args: argparse.Namespace, settings: Settings) -> int:
     except ValueError as exc:
         return _fail(str(exc))
     return 0
-
-
-# Mirrors app.calibrate.QQP_POOL_SIZE (a test keeps them equal) so that `strata --help` need not
-# import numpy.
-QQP_POOL_SIZE = 2000
 
 
 def parser() -> argparse.ArgumentParser:

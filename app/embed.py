@@ -177,9 +177,5 @@ class BatchingEmbedder:
                 if not future.done():
                     future.set_result(row)
 
-    def encode_sync(self, texts: Sequence[str]) -> np.ndarray:
-        """Encode on the caller's thread, for offline tools (calibration) with no event loop."""
-        return self._encoder.encode(texts)
-
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

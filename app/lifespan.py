@@ -15,19 +15,21 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from app.auth import TenantResolver
-from app.cache.base import CacheLayer
+from app.cache.base import CACHE_ERRORS, CacheLayer
 from app.cache.exact import ExactCache
+from app.cache.judge import AnswerJudge
 from app.cache.keys import semantic_index_name
+from app.cache.layered import LayeredCache
 from app.cache.semantic import SemanticCache, adopt_embedder, index_dims
-from app.cache.verify import PairVerifier
+from app.cache.verify import CandidateCheck, load_verifier
 from app.cache.version import VersionTag, sweep_stale_versions
 from app.embed import BatchingEmbedder, Encoder, load_encoder
-from app.judge import AnswerJudge
 from app.limits import TenantRateLimiter
 from app.metrics import Metrics
-from app.pipeline import CACHE_ERRORS, ChatPipeline
+from app.pipeline import ChatPipeline
 from app.policy import Policy
-from app.settings import Settings
+from app.relay import Relay
+from app.settings import RedisSettings, Settings
 from app.singleflight import SingleFlight
 from app.upstream import Upstream
 
@@ -64,13 +66,13 @@ class Resources:
         task.add_done_callback(_done)
 
 
-def connect_redis(settings: Settings) -> Redis:
+def connect_redis(settings: RedisSettings) -> Redis:
     """A Redis client that fails fast: a slow or absent Redis must cost a miss, not a stall."""
     return Redis.from_url(
-        settings.redis_url,
-        socket_timeout=settings.redis_timeout_s,
-        socket_connect_timeout=settings.redis_timeout_s,
-        max_connections=settings.redis_max_connections,
+        settings.url,
+        socket_timeout=settings.timeout_s,
+        socket_connect_timeout=settings.timeout_s,
+        max_connections=settings.max_connections,
         # One immediate retry: it replaces a pooled connection that died with a Redis restart.
         retry=Retry(NoBackoff(), 1),
         health_check_interval=30,
@@ -85,16 +87,17 @@ async def build_resources(settings: Settings, encoder: Encoder | None = None) ->
         encoder: An already loaded embedding model to use instead of loading the configured one.
     """
     policy = Policy.load(settings.resolve(settings.policy_file))
-    redis = connect_redis(settings)
+    redis = connect_redis(settings.redis)
     versions = VersionTag(redis)
-    upstream = Upstream(settings)
+    upstream = Upstream(settings.upstream)
     metrics = Metrics()
     layers: list[CacheLayer] = [ExactCache(redis)]
     semantic = embedder = None
-    if settings.semantic_enabled:
+    options = settings.semantic
+    if options.enabled:
         if encoder is None:
             # Loading a model takes from under a second to several: keep the loop free meanwhile.
-            encoder = await asyncio.to_thread(load_encoder, settings.embedder, settings.embedder_model)
+            encoder = await asyncio.to_thread(load_encoder, options.embedder, options.embedder_model)
         # A model's first run is slow (allocation, lazy init): do it now, not in a request's lookup.
         await asyncio.to_thread(encoder.encode, ["warm-up"])
 
@@ -103,33 +106,26 @@ async def build_resources(settings: Settings, encoder: Encoder | None = None) ->
             metrics.embed_texts.inc(size)
 
         embedder = BatchingEmbedder(
-            encoder, window_ms=settings.embed_batch_window_ms, max_batch=settings.embed_max_batch, on_batch=count_batch
+            encoder, window_ms=options.embed_batch_window_ms, max_batch=options.embed_max_batch, on_batch=count_batch
         )
-
-        def count_verdict(verdict: Any) -> None:
-            metrics.verifications.labels("accept" if verdict.accepted else "reject", verdict.reason).inc()
-
-        semantic = SemanticCache(
-            redis, embedder, settings.resolve(settings.semantic_index_schema),
-            verifier=load_verifier(settings), on_verdict=count_verdict,
+        check = CandidateCheck(
+            load_verifier(settings), confirm=AnswerJudge(upstream, options.judge_timeout_s, options.judge_model),
+            on_verdict=metrics.verdict,
         )
+        semantic = SemanticCache(redis, embedder, settings.resolve(options.index_schema), check)
         layers.append(semantic)
-    flight = SingleFlight(redis, lease_s=settings.singleflight_lease_s, poll_s=settings.singleflight_poll_s)
-    pipeline = ChatPipeline(
-        settings=settings, versions=versions, layers=layers, upstream=upstream, metrics=metrics, flight=flight,
-        judge=AnswerJudge(upstream, settings.judge_timeout_s, settings.judge_model),
-    )
+    cache = LayeredCache(versions, layers, metrics, lookup_timeout_s=settings.lookup_timeout_s,
+                         judge_timeout_s=options.judge_timeout_s)
+    flight = SingleFlight(redis, metrics, lease_s=settings.singleflight_lease_s, poll_s=settings.singleflight_poll_s)
+    pipeline = ChatPipeline(limits=settings.limits, cache=cache, relay=Relay(upstream, cache, metrics),
+                            metrics=metrics, flight=flight)
     tenants = TenantResolver(settings.resolve(settings.keys_file) if settings.keys_file else None)
-    rate_limiter = TenantRateLimiter(settings.tenant_rps, settings.tenant_burst or settings.tenant_rps, settings.workers)
+    limits = settings.limits
+    rate_limiter = TenantRateLimiter(limits.tenant_rps, limits.tenant_burst or limits.tenant_rps, settings.workers)
     return Resources(
         settings=settings, policy=policy, redis=redis, versions=versions, upstream=upstream, metrics=metrics,
         pipeline=pipeline, tenants=tenants, rate_limiter=rate_limiter, semantic=semantic, embedder=embedder,
     )
-
-
-def load_verifier(settings: Settings) -> PairVerifier:
-    artifact = settings.resolve(settings.verifier_artifact) if settings.verifier_artifact else None
-    return PairVerifier.from_files(settings.resolve(settings.verification_lexicon), artifact)
 
 
 async def reconcile_embedder(resources: Resources, current: str) -> str:

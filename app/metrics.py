@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import time
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -16,6 +19,8 @@ MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+logger = logging.getLogger("strata.metrics")
 
 
 class Metrics:
@@ -57,6 +62,27 @@ class Metrics:
         self.verifications = Counter(
             "strata_semantic_verifications", "Semantic candidates by decision and reason", ["decision", "reason"], registry=r
         )
+
+    def finish(self, outcome: str, started: float) -> None:
+        """Count one finished request and its latency since ``started`` (``perf_counter``)."""
+        self.requests.labels(outcome).inc()
+        self.latency.labels(outcome).observe(time.perf_counter() - started)
+
+    def count_tokens(self, usage: Any) -> None:
+        """Count the tokens of an upstream answer's ``usage``, when it has any."""
+        if isinstance(usage, dict):
+            for kind in ("prompt_tokens", "completion_tokens"):
+                if isinstance(usage.get(kind), int):
+                    self.upstream_tokens.labels(kind.removesuffix("_tokens")).inc(usage[kind])
+
+    def cache_failed(self, layer: str, operation: str, exc: BaseException) -> None:
+        """A cache operation failed: logged and counted; the caller treats it as a miss."""
+        logger.warning("cache %s %s failed, treated as a miss: %r", layer, operation, exc)
+        self.cache_errors.labels(layer, operation).inc()
+
+    def verdict(self, verdict: Any) -> None:
+        """Count one verification verdict (``accepted``, ``reason``)."""
+        self.verifications.labels("accept" if verdict.accepted else "reject", verdict.reason).inc()
 
     def render(self) -> bytes:
         if os.environ.get(MULTIPROCESS_ENV):

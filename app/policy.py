@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 import yaml
@@ -21,7 +21,7 @@ class SemanticPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     threshold: Similarity = 0.90
     accept_above: Similarity = 0.99
     min_probability: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.9
-    # Ask the upstream model to confirm what the verifier accepted in the band (app/judge.py).
+    # Ask the upstream model to confirm what the verifier accepted in the band (app/cache/judge.py).
     judge: bool = False
 
     def __post_init__(self) -> None:
@@ -39,6 +39,36 @@ class CategoryPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
 class _PolicyFile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     default_category: str
     categories: dict[str, CategoryPolicy]
+
+
+def _merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        merged[key] = _merged(merged[key], value) if isinstance(value, dict) and isinstance(merged.get(key), dict) else value
+    return merged
+
+
+def _read_raw(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A policy file as plain data, with ``base`` (another policy file whose categories come
+    first) and each category's ``like`` (start from that category, then apply what follows)
+    resolved, so a variant names only what it changes."""
+    if path in seen:
+        raise ValueError(f"policy file {path} includes itself through base")
+    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path} is not a mapping")  # noqa: TRY004 (callers report ValueError as a bad file)
+    categories: dict[str, Any] = {}
+    if "base" in raw:
+        categories = dict(_read_raw((path.parent / str(raw.pop("base"))).resolve(), (*seen, path))["categories"])
+    for name, category in (raw.get("categories") or {}).items():
+        if isinstance(category, dict) and "like" in category:
+            category = dict(category)
+            like = category.pop("like")
+            if like not in categories:
+                raise ValueError(f"category {name!r} is like {like!r}, which is not defined before it")
+            category = _merged(categories[like], category)
+        categories[name] = category
+    return {**raw, "categories": categories}
 
 
 class Policy(msgspec.Struct, frozen=True, kw_only=True):
@@ -65,9 +95,8 @@ class Policy(msgspec.Struct, frozen=True, kw_only=True):
             ValueError: The file is missing, malformed or inconsistent.
         """
         try:
-            raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-            parsed = msgspec.convert(raw, _PolicyFile)
-        except (OSError, yaml.YAMLError, msgspec.ValidationError) as exc:
+            parsed = msgspec.convert(_read_raw(path.resolve()), _PolicyFile)
+        except (OSError, yaml.YAMLError, msgspec.ValidationError, ValueError) as exc:
             raise ValueError(f"policy file {path}: {exc}") from exc
         for name in parsed.categories:
             if not CATEGORY_NAME.match(name):

@@ -1,7 +1,9 @@
-"""Settings: one frozen object, read from ``STRATA_*`` environment variables.
+"""Settings: one frozen object in groups, read from ``STRATA_*`` environment variables.
 
-Every field can be overridden by the environment variable ``STRATA_<FIELD NAME IN CAPITALS>``;
-the README lists them. Nothing else in the app reads the environment.
+Every field has one flat name, which is its environment variable without the ``STRATA_``
+prefix (``redis.url`` is ``STRATA_REDIS_URL``); the README's table lists every one. Groups are
+nested frozen structs whose fields are renamed to those flat names, so ``msgspec`` maps the
+flat values onto the groups. Nothing else in the app reads the environment.
 """
 
 from __future__ import annotations
@@ -9,11 +11,73 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import msgspec
+from msgspec import field
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 ENV_PREFIX = "STRATA_"
+
+
+class RedisSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """The Redis Stack the cache lives in."""
+
+    url: str = field(default="redis://127.0.0.1:6380/0", name="redis_url")
+    # Bounds every Redis call; a slower Redis is treated as a cache miss, not an outage.
+    timeout_s: float = field(default=0.25, name="redis_timeout_s")
+    max_connections: int = field(default=64, name="redis_max_connections")
+
+
+class UpstreamSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """The OpenAI-compatible model server."""
+
+    url: str = field(default="http://127.0.0.1:8000/v1", name="upstream_url")
+    api_key: str = field(default="EMPTY", name="upstream_api_key")
+    timeout_s: float = field(default=120.0, name="upstream_timeout_s")
+    connect_timeout_s: float = field(default=3.0, name="upstream_connect_timeout_s")
+    max_retries: int = field(default=1, name="upstream_max_retries")
+    # Used for /health only; short so a dead upstream does not stall the probe.
+    health_timeout_s: float = field(default=1.0, name="upstream_health_timeout_s")
+    # Calls in flight to the model server per worker; more wait up to the queue timeout, then 503.
+    max_concurrency: int = field(default=32, name="upstream_max_concurrency")
+    queue_timeout_s: float = field(default=10.0, name="upstream_queue_timeout_s")
+
+
+class SemanticSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """The semantic layer: embedder, index schema, verification."""
+
+    enabled: bool = field(default=True, name="semantic_enabled")
+    index_schema: str = field(default="schemas/semantic_index.yaml", name="semantic_index_schema")
+    embedder: str = field(default="use-multilingual", name="embedder")
+    embedder_model: str = field(default="", name="embedder_model")
+    # Micro-batching of concurrent embedding requests.
+    embed_batch_window_ms: float = field(default=2.0, name="embed_batch_window_ms")
+    embed_max_batch: int = field(default=64, name="embed_max_batch")
+    verification_lexicon: str = field(default="schemas/verification.yaml", name="verification_lexicon")
+    # The learned verifier of borderline semantic candidates; empty: none (the band never serves).
+    verifier_artifact: str = field(default="schemas/verifier.json", name="verifier_artifact")
+    # The LLM judge, for categories whose policy sets `semantic.judge: true`: the model to ask
+    # (empty: the model the request names) and how long to wait before rejecting the candidate.
+    judge_model: str = field(default="", name="judge_model")
+    judge_timeout_s: float = field(default=5.0, name="judge_timeout_s")
+
+
+class LimitSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """Bounds on what a request may ask and how often."""
+
+    default_max_tokens: int = field(default=256, name="default_max_tokens")
+    max_tokens_cap: int = field(default=1024, name="max_tokens_cap")
+    max_body_bytes: int = field(default=1_048_576, name="max_body_bytes")
+    max_messages: int = field(default=256, name="max_messages")
+    max_content_chars: int = field(default=65_536, name="max_content_chars")
+    tenant_rps: float = field(default=0.0, name="tenant_rps")  # 0: no limit
+    tenant_burst: float = field(default=0.0, name="tenant_burst")  # 0: equal to tenant_rps
+
+
+_GROUPS: dict[str, type[msgspec.Struct]] = {
+    "redis": RedisSettings, "upstream": UpstreamSettings, "semantic": SemanticSettings, "limits": LimitSettings,
+}
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
@@ -23,58 +87,56 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     port: int = 8080
     workers: int = 1
     log_level: str = "info"
-
-    redis_url: str = "redis://127.0.0.1:6380/0"
-    # Bounds every Redis call; a slower Redis is treated as a cache miss, not an outage.
-    redis_timeout_s: float = 0.25
+    admin_token: str | None = None
+    # Tenants: API keys file (empty: one default tenant, no client auth).
+    keys_file: str = ""
+    policy_file: str = "schemas/policy.yaml"
     # Bounds each layer's whole lookup (Redis, and the embedding for the semantic layer): past
     # it the request goes on to the upstream as a bypass.
     lookup_timeout_s: float = 0.25
-    redis_max_connections: int = 64
-
-    upstream_url: str = "http://127.0.0.1:8000/v1"
-    upstream_api_key: str = "EMPTY"
-    upstream_timeout_s: float = 120.0
-    upstream_connect_timeout_s: float = 3.0
-    upstream_max_retries: int = 1
-    # Used for /health only; short so a dead upstream does not stall the probe.
-    upstream_health_timeout_s: float = 1.0
-    # Calls in flight to the model server per worker; more wait up to the queue timeout, then 503.
-    upstream_max_concurrency: int = 32
-    upstream_queue_timeout_s: float = 10.0
-
-    default_max_tokens: int = 256
-    max_tokens_cap: int = 1024
-    max_body_bytes: int = 1_048_576
-    max_messages: int = 256
-    max_content_chars: int = 65_536
-
-    # Tenants: API keys file (empty: one default tenant, no client auth) and request budget.
-    keys_file: str = ""
-    tenant_rps: float = 0.0  # 0: no limit
-    tenant_burst: float = 0.0  # 0: equal to tenant_rps
-
     # Single flight: one upstream call per identical miss, across workers.
     singleflight_lease_s: float = 130.0
     singleflight_poll_s: float = 0.02
 
-    policy_file: str = "schemas/policy.yaml"
-    semantic_index_schema: str = "schemas/semantic_index.yaml"
-    verification_lexicon: str = "schemas/verification.yaml"
-    # The learned verifier of borderline semantic candidates; empty: none (the band never serves).
-    verifier_artifact: str = "schemas/verifier.json"
-    # The LLM judge, for categories whose policy sets `semantic.judge: true`: the model to ask
-    # (empty: the model the request names) and how long to wait before rejecting the candidate.
-    judge_model: str = ""
-    judge_timeout_s: float = 5.0
-    admin_token: str | None = None
+    redis: RedisSettings = field(default_factory=RedisSettings)
+    upstream: UpstreamSettings = field(default_factory=UpstreamSettings)
+    semantic: SemanticSettings = field(default_factory=SemanticSettings)
+    limits: LimitSettings = field(default_factory=LimitSettings)
 
-    semantic_enabled: bool = True
-    embedder: str = "use-multilingual"
-    embedder_model: str = ""
-    # Micro-batching of concurrent embedding requests.
-    embed_batch_window_ms: float = 2.0
-    embed_max_batch: int = 64
+    @classmethod
+    def flat_names(cls) -> list[str]:
+        """Every setting's flat name (its variable is ``STRATA_`` + the name in capitals)."""
+        names = [f.encode_name for f in msgspec.structs.fields(cls) if f.name not in _GROUPS]
+        for group in _GROUPS.values():
+            names += [f.encode_name for f in msgspec.structs.fields(group)]
+        return names
+
+    @classmethod
+    def from_flat(cls, values: Mapping[str, Any], *, strict: bool = True) -> Settings:
+        """Build settings from flat names (``redis_url=...``), as tests and the environment give them.
+
+        Args:
+            values: Values by flat name; a name that is no setting is an error.
+            strict: Whether values must have their field's type (false: strings are parsed).
+
+        Raises:
+            ValueError: An unknown name, or a value that is not of its field's type.
+        """
+        unknown = set(values) - set(cls.flat_names())
+        if unknown:
+            raise ValueError(f"unknown setting(s): {', '.join(sorted(unknown))}")
+        try:
+            groups = {
+                name: msgspec.convert(
+                    {f.encode_name: values[f.encode_name] for f in msgspec.structs.fields(group) if f.encode_name in values},
+                    group, strict=strict,
+                )
+                for name, group in _GROUPS.items()
+            }
+            top = {k: v for k, v in values.items() if k in cls.__struct_fields__}
+            return msgspec.convert({**top, **groups}, cls, strict=strict, from_attributes=True)
+        except msgspec.ValidationError as exc:
+            raise ValueError(f"invalid {ENV_PREFIX}* setting: {exc}") from exc
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -91,15 +153,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         """
         environ = os.environ if environ is None else environ
         raw: dict[str, str | None] = {}
-        for name in cls.__struct_fields__:
+        for name in cls.flat_names():
             value = environ.get(ENV_PREFIX + name.upper())
             if value is None:
                 continue
             raw[name] = None if value == "" and name == "admin_token" else value
-        try:
-            return msgspec.convert(raw, cls, strict=False)
-        except msgspec.ValidationError as exc:
-            raise ValueError(f"invalid {ENV_PREFIX}* setting: {exc}") from exc
+        return cls.from_flat(raw, strict=False)
 
     def resolve(self, path: str) -> Path:
         """Resolve a configured path relative to the project root."""

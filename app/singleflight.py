@@ -18,7 +18,9 @@ from collections.abc import Awaitable, Callable
 
 from redis.asyncio import Redis
 
+from app.cache.base import CACHE_ERRORS
 from app.errors import StrataError
+from app.metrics import Metrics
 
 # What a leader hands its followers in this worker: the answer, the upstream's error (shared,
 # so a failing model server sees one call, not one per follower), or None: go on by yourselves.
@@ -40,38 +42,110 @@ class Lease:
         await self._flight._release(keys=[self.key], args=[self._token])
 
 
+class Ticket:
+    """What :meth:`SingleFlight.coalesce` hands a request.
+
+    Either ``answer`` holds another request's answer (``source`` says from where: ``local`` or
+    ``remote``), or this request must ask the model itself and then call :meth:`finish` exactly
+    once with what it got (``source`` is ``leader``, or ``alone`` when it goes uncoordinated).
+    """
+
+    def __init__(self, source: str, answer: bytes | None = None,
+                 done: Callable[[Outcome], Awaitable[None]] | None = None) -> None:
+        self.source = source
+        self.answer = answer
+        self._done = done
+
+    async def finish(self, outcome: Outcome) -> None:
+        """Hand the leader's outcome to its followers and release the lease (idempotent)."""
+        done, self._done = self._done, None
+        if done is not None:
+            await done(outcome)
+
+
 class SingleFlight:
-    def __init__(self, redis: Redis, *, lease_s: float, poll_s: float) -> None:
+    """One upstream call per key across the workers sharing a Redis.
+
+    Args:
+        redis: The Redis the leases live in.
+        metrics: Where roles and lease failures are counted.
+        lease_s: How long a lease lives (longer than any upstream call).
+        poll_s: How often a follower in another worker looks for the answer.
+    """
+
+    def __init__(self, redis: Redis, metrics: Metrics, *, lease_s: float, poll_s: float) -> None:
         self._redis = redis
+        self._metrics = metrics
         self._lease_ms = int(lease_s * 1000)
         self._poll = poll_s
         self._release = redis.register_script(_RELEASE)
         self._local: dict[str, asyncio.Future[Outcome]] = {}
 
-    def follow_local(self, key: str) -> asyncio.Future[Outcome] | None:
-        """The future of a leader in this worker, if there is one."""
-        return self._local.get(key)
+    async def coalesce(self, key: str, read: Callable[[], Awaitable[bytes | None]]) -> Ticket:
+        """Join the request in flight for ``key``, or lead it.
 
-    def lead_local(self, key: str) -> asyncio.Future[Outcome]:
+        Args:
+            key: The lease key of the request.
+            read: Reads the answer from the cache (how another worker's leader delivers it).
+
+        Returns:
+            A ticket with the answer, or one whose holder asks the model and then finishes it.
+
+        Raises:
+            StrataError: The leader in this worker failed with it; it is shared, not retried.
+        """
+        leader = self._local.get(key)
+        if leader is not None:
+            answer = await asyncio.shield(leader)
+            if isinstance(answer, StrataError):
+                raise answer
+            if answer is not None:
+                self._metrics.singleflight.labels("follower_local").inc()
+                return Ticket("local", answer)
+            return Ticket("alone")  # the leader got nothing cacheable: ask by ourselves
         future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         self._local[key] = future
-        return future
+        lease = None
+        try:
+            lease = await self._acquire(key)
+            if lease is None:  # another worker is asking the model: wait for its answer
+                answer = await self._wait(key, read)
+                if answer is not None:
+                    self._finish_local(key, future, answer)
+                    self._metrics.singleflight.labels("follower_remote").inc()
+                    return Ticket("remote", answer)
+                lease = await self._acquire(key)  # it is gone without an answer: lead instead
+        except CACHE_ERRORS as exc:
+            self._metrics.cache_failed("singleflight", "lease", exc)  # go on uncoordinated
+        except BaseException:
+            self._finish_local(key, future, None)
+            raise
+        self._metrics.singleflight.labels("leader").inc()
 
-    def finish_local(self, key: str, future: asyncio.Future[Outcome], answer: Outcome) -> None:
-        """Hand the outcome to this worker's followers."""
+        async def done(outcome: Outcome) -> None:
+            self._finish_local(key, future, outcome)
+            if lease is not None:
+                try:
+                    await lease.release()
+                except CACHE_ERRORS as exc:
+                    self._metrics.cache_failed("singleflight", "release", exc)  # it expires by itself
+
+        return Ticket("leader", done=done)
+
+    def _finish_local(self, key: str, future: asyncio.Future[Outcome], answer: Outcome) -> None:
         if not future.done():
             future.set_result(answer)
         if self._local.get(key) is future:
             del self._local[key]
 
-    async def acquire(self, key: str) -> Lease | None:
+    async def _acquire(self, key: str) -> Lease | None:
         """Take the cross-worker lease, or ``None`` when another worker leads."""
         token = secrets.token_hex(8)
         if await self._redis.set(key, token, nx=True, px=self._lease_ms):
             return Lease(self, key, token)
         return None
 
-    async def wait(self, key: str, read: Callable[[], Awaitable[bytes | None]]) -> bytes | None:
+    async def _wait(self, key: str, read: Callable[[], Awaitable[bytes | None]]) -> bytes | None:
         """Wait for another worker's leader: its answer once stored, or ``None`` when it is gone."""
         deadline = time.monotonic() + self._lease_ms / 1000
         while time.monotonic() < deadline:

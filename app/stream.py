@@ -1,18 +1,28 @@
-"""Server-sent events: replaying a cached answer as chunks, and relaying an upstream stream
-while assembling the complete answer for write-back."""
+"""Serving answers: cached hits and coalesced answers as JSON or replayed as server-sent events,
+and the assembler that turns a relayed upstream stream back into one completion."""
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
-import msgspec
+from app.cache.base import CacheHit
+from app.chat import ChatResult, Outcome
+from app.metrics import Metrics
+from app.wire import (
+    SSE_DONE,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChunkChoice,
+    ChunkDelta,
+    chunk_view_decoder,
+    completion_decoder,
+    json_encoder,
+)
 
-from app.wire import ChatCompletionChunk, ChunkChoice, ChunkDelta, completion_decoder, json_encoder
-
-SSE_DONE = b"data: [DONE]\n\n"
+_HIT_OUTCOMES = {"exact": Outcome.EXACT_HIT, "semantic": Outcome.SEMANTIC_HIT}
 
 
 def sse_event(payload: bytes) -> bytes:
@@ -21,16 +31,6 @@ def sse_event(payload: bytes) -> bytes:
 
 def new_completion_id() -> str:
     return f"chatcmpl-{uuid.uuid4().hex}"
-
-
-def decode_completion(stored: bytes) -> dict[str, Any] | None:
-    """A stored answer as a completion, or ``None`` when it is not one (a hand-edited entry)."""
-    try:
-        completion = completion_decoder.decode(stored)
-        message = completion["choices"][0]["message"]
-    except (msgspec.DecodeError, KeyError, IndexError, TypeError):
-        return None
-    return completion if isinstance(message, dict) else None
 
 
 def refresh_identity(completion: dict[str, Any]) -> dict[str, Any]:
@@ -65,30 +65,41 @@ def replay_chunks(completion: dict[str, Any], *, include_usage: bool) -> Iterato
         yield sse_event(json_encoder.encode(ChatCompletionChunk(**identity, choices=[last])))
     if include_usage and completion.get("usage") is not None:
         yield sse_event(json_encoder.encode(ChatCompletionChunk(**identity, choices=[], usage=completion["usage"])))
-    yield SSE_DONE
+    yield sse_event(SSE_DONE)
 
 
-class _Delta(msgspec.Struct):
-    role: str | None = None
-    content: str | None = None
-    tool_calls: list[Any] | None = None
+def serve_hit(hit: CacheHit, request: ChatCompletionRequest, started: float, metrics: Metrics,
+              coalesced: bool = False) -> ChatResult:
+    """A cached (or coalesced) answer as the response the request asked for: JSON or SSE.
+
+    Args:
+        hit: The hit; lookups hand it over decoded, a coalesced answer is decoded here.
+        request: The request it answers.
+        started: When the request arrived (``perf_counter``), for the latency metric.
+        metrics: Where the outcome is counted.
+        coalesced: Whether the answer is another request's (single flight).
+    """
+    outcome = _HIT_OUTCOMES[hit.layer]
+    decoded = hit.decoded if hit.decoded is not None else completion_decoder.decode(hit.completion)
+    completion = refresh_identity(decoded)
+    headers = {"X-Cache": outcome.value}
+    if hit.similarity is not None:
+        headers["X-Cache-Similarity"] = f"{hit.similarity:.3f}"
+    if hit.reason is not None:
+        headers["X-Cache-Verdict"] = hit.reason
+    if coalesced:
+        headers["X-Cache-Coalesced"] = "true"
+    metrics.finish(outcome, started)
+    if request.stream:
+        include_usage = bool(request.stream_options and request.stream_options.include_usage)
+        events = replay_chunks(completion, include_usage=include_usage)
+        return ChatResult(outcome=outcome, headers=headers, stream=_iterate(events))
+    return ChatResult(outcome=outcome, headers=headers, body=json_encoder.encode(completion))
 
 
-class _Choice(msgspec.Struct):
-    index: int = 0
-    delta: _Delta = msgspec.field(default_factory=_Delta)
-    finish_reason: str | None = None
-
-
-class _Chunk(msgspec.Struct):
-    id: str = ""
-    created: int = 0
-    model: str = ""
-    choices: list[_Choice] = msgspec.field(default_factory=list)
-    usage: dict[str, Any] | None = None
-
-
-_chunk_decoder = msgspec.json.Decoder(_Chunk)
+async def _iterate(events: Iterable[bytes]) -> AsyncIterator[bytes]:
+    for event in events:
+        yield event
 
 
 class StreamAssembler:
@@ -105,7 +116,7 @@ class StreamAssembler:
         self.usage: dict[str, Any] | None = None
 
     def add(self, payload: bytes) -> None:
-        chunk = _chunk_decoder.decode(payload)
+        chunk = chunk_view_decoder.decode(payload)
         self._id = self._id or chunk.id
         self._created = self._created or chunk.created
         self._model = self._model or chunk.model

@@ -17,12 +17,10 @@ import openai
 
 from app.errors import StrataError, UpstreamRejected, UpstreamTimeout, UpstreamUnavailable
 from app.limits import ConcurrencyLimit
-from app.settings import Settings
-from app.wire import completion_decoder
+from app.settings import UpstreamSettings
+from app.wire import SSE_DONE, completion_decoder
 
 logger = logging.getLogger("strata.upstream")
-
-SSE_DONE = b"[DONE]"
 
 # The HTTP library the SDK is built on: httpx, or its fork httpx2 in SDK 3.x. Mid-stream
 # transport errors surface as its exceptions, not as openai errors.
@@ -64,19 +62,19 @@ def _split(body: dict[str, Any]) -> tuple[str, Any, dict[str, Any]]:
 class Upstream:
     """An OpenAI-compatible model server (vLLM)."""
 
-    def __init__(self, settings: Settings) -> None:
-        timeout = _http.Timeout(settings.upstream_timeout_s, connect=settings.upstream_connect_timeout_s)
+    def __init__(self, settings: UpstreamSettings) -> None:
+        timeout = _http.Timeout(settings.timeout_s, connect=settings.connect_timeout_s)
         self._client = openai.AsyncOpenAI(
-            base_url=settings.upstream_url,
-            api_key=settings.upstream_api_key,
+            base_url=settings.url,
+            api_key=settings.api_key,
             timeout=timeout,
             # Retries are ours (see _retrying): the SDK's would also repeat 5xx and 429.
             max_retries=0,
         )
-        self._retries = settings.upstream_max_retries
-        self._health_timeout = settings.upstream_health_timeout_s
+        self._retries = settings.max_retries
+        self._health_timeout = settings.health_timeout_s
         # Protects the model server: beyond this many calls in flight, requests queue, then 503.
-        self._limit = ConcurrencyLimit(settings.upstream_max_concurrency, settings.upstream_queue_timeout_s)
+        self._limit = ConcurrencyLimit(settings.max_concurrency, settings.queue_timeout_s)
 
     async def close(self) -> None:
         await self._client.close()

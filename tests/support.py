@@ -1,4 +1,5 @@
-"""Test helpers: a real HTTP server in a thread, and a fake OpenAI-compatible upstream."""
+"""Test helpers: a real HTTP server in a thread, Strata served on it, a fake OpenAI-compatible
+upstream, and one way of asking Strata a question."""
 
 from __future__ import annotations
 
@@ -12,12 +13,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import msgspec
 import uvicorn
 from litestar import Litestar, Request, Response, get, post
 from litestar.response import Stream
 
-from app.judge import JUDGE_SYSTEM_PROMPT
+from app.asgi import create_app
+from app.cache.judge import JUDGE_SYSTEM_PROMPT
+from app.embed import Encoder
+from app.settings import Settings
+
+MODEL = "fake-model"
+# The category the semantic tests ask in (tests/fixtures/policy.yaml).
+FAQ = {"X-Cache-Category": "faq"}
 
 
 def free_port() -> int:
@@ -53,6 +62,36 @@ class ServerThread:
         self.thread.join(timeout=10)
 
 
+def serve_strata(settings: Settings, encoder: Encoder | None = None) -> ServerThread:
+    """Strata itself (``create_app``) on a free port, to be entered with ``with``."""
+    return ServerThread(create_app(settings, encoder=encoder))
+
+
+def ask(target: str | httpx.Client, question: str, *, key: str | None = None, system: str | None = None,
+        history: list[dict[str, str]] | None = None, headers: dict[str, str] | None = None,
+        **params: Any) -> httpx.Response:
+    """Ask Strata one chat question (category ``faq`` unless ``headers`` say otherwise).
+
+    Args:
+        target: Strata's base URL, or a client whose base URL it is.
+        question: The last user message.
+        key: An API key for ``Authorization: Bearer``.
+        system: A system prompt before the question.
+        history: Earlier turns between the system prompt and the question.
+        headers: Request headers instead of the ``faq`` category.
+        **params: More body fields (``model`` replaces the fake model).
+    """
+    messages = ([{"role": "system", "content": system}] if system else []) + (history or [])
+    messages.append({"role": "user", "content": question})
+    sent = dict(headers if headers is not None else FAQ)
+    if key is not None:
+        sent["Authorization"] = f"Bearer {key}"
+    body = {"model": params.pop("model", MODEL), "messages": messages, **params}
+    if isinstance(target, httpx.Client):
+        return target.post("/v1/chat/completions", json=body, headers=sent)
+    return httpx.post(target + "/v1/chat/completions", json=body, headers=sent, timeout=10)
+
+
 def serve_process(env: dict[str, str], port: int, timeout: float = 60.0) -> subprocess.Popen[bytes]:
     """Start Strata as production runs it (``python -m app.serve``) and wait for ``/health``."""
     import httpx
@@ -77,6 +116,7 @@ class FakeUpstream:
     """An OpenAI-compatible upstream whose behaviour tests control.
 
     Attributes:
+        url: Where it serves, once its server runs ("" before).
         calls: Chat requests received, bodies as decoded JSON.
         status: HTTP status to answer with (an error body unless 200).
         delay: Seconds to wait before answering.
@@ -87,6 +127,7 @@ class FakeUpstream:
         judge_calls: Judge prompts received, as (cached question, new question).
     """
 
+    url: str = ""
     calls: list[dict[str, Any]] = field(default_factory=list)
     status: int = 200
     delay: float = 0.0

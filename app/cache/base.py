@@ -1,13 +1,22 @@
-"""The contract every cache layer follows: a small async ``lookup`` / ``store`` pair."""
+"""The contract every cache layer follows: a small async ``lookup`` / ``store`` pair, the values
+they exchange, and the exceptions they may raise."""
 
 from __future__ import annotations
 
 from typing import Any, Protocol
 
 import msgspec
+from redis.exceptions import RedisError
+from redisvl.exceptions import RedisVLError
 
 from app.cache.keys import CanonicalRequest
+from app.cache.version import StaleVersion
 from app.policy import CategoryPolicy, SemanticPolicy
+
+__all__ = [
+    "CACHE_ERRORS", "CacheHit", "CacheLayer", "CacheQuery", "CorruptEntry", "EmbeddingFailed", "StaleVersion",
+    "Verdict", "Verifier",
+]
 
 
 class EmbeddingFailed(Exception):
@@ -17,6 +26,11 @@ class EmbeddingFailed(Exception):
 class CorruptEntry(Exception):
     """A stored entry is not what Strata writes (edited by hand?); it is treated as a miss and
     overwritten by the next answer."""
+
+
+# Cache-side failures: Redis errors and timeouts, the embedder, corrupt entries. Each is logged,
+# counted and treated as a miss; anything else is a bug and propagates.
+CACHE_ERRORS = (RedisError, RedisVLError, OSError, TimeoutError, EmbeddingFailed, CorruptEntry)
 
 
 class CacheQuery(msgspec.Struct, frozen=True, kw_only=True):
@@ -42,7 +56,7 @@ class CacheHit(msgspec.Struct, frozen=True, kw_only=True):
         similarity: Cosine similarity of the matched question (semantic layer only).
         matched_question: The cached question that matched (semantic layer only).
         reason: Why the semantic candidate was accepted (semantic layer only).
-        decoded: The completion, once the pipeline has decoded and checked it.
+        decoded: The completion, once the cache has decoded and checked it.
     """
 
     layer: str
@@ -67,7 +81,12 @@ class Verifier(Protocol):
 
 
 class CacheLayer(Protocol):
-    """A cache layer. Redis errors propagate; the pipeline counts them and treats them as a miss."""
+    """A cache layer.
+
+    Both methods may raise :class:`StaleVersion` (the version tag moved on; the caller adopts the
+    new one and asks again) and any of :data:`CACHE_ERRORS` (the caller counts it and treats it as
+    a miss). Nothing else is expected of them.
+    """
 
     name: str
 

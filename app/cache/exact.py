@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-import time
-
 from redis.asyncio import Redis
 
 from app.cache.base import CacheHit, CacheQuery
-from app.cache.keys import (
-    FIELD_ANSWER,
-    FIELD_CATEGORY,
-    FIELD_CREATED_AT,
-    FIELD_EXPIRES_AT,
-    FIELD_HITS,
-    FIELD_MODEL,
-    FIELD_QUESTION,
-    FIELD_TENANT,
-    VERSION_KEY,
-    exact_prefix,
-)
+from app.cache.entry import CacheEntry, write_entry
+from app.cache.keys import FIELD_ANSWER, FIELD_HITS, VERSION_KEY, exact_prefix
+from app.cache.version import StaleVersion
+
+EXACT = "exact"
 
 # One round trip: confirm the version tag the worker assumes is still current (so a bump
 # anywhere takes effect at once), then read the answer and count the hit. HINCRBY runs only
@@ -32,14 +23,6 @@ return {{1, answer}}
 """
 
 
-class StaleVersion(Exception):
-    """The version tag changed since this worker last read it."""
-
-    def __init__(self, current: bytes | None) -> None:
-        super().__init__("the cache version changed")
-        self.current = current
-
-
 def exact_key(query: CacheQuery) -> str:
     return exact_prefix(query.version) + query.canonical.exact_digest
 
@@ -47,7 +30,7 @@ def exact_key(query: CacheQuery) -> str:
 class ExactCache:
     """Exact match on the canonical request."""
 
-    name = "exact"
+    name = EXACT
 
     def __init__(self, redis: Redis) -> None:
         self._redis = redis
@@ -68,22 +51,4 @@ class ExactCache:
         return CacheHit(layer=self.name, completion=value)
 
     async def store(self, query: CacheQuery, completion: bytes) -> None:
-        now = int(time.time())
-        ttl = query.category.ttl_seconds
-        key = exact_key(query)
-        canonical = query.canonical
-        fields = {
-            FIELD_QUESTION: canonical.question if canonical.question is not None else "",
-            FIELD_ANSWER: completion,
-            FIELD_MODEL: canonical.model,
-            FIELD_TENANT: canonical.tenant,
-            FIELD_CATEGORY: query.category.name,
-            FIELD_CREATED_AT: now,
-            FIELD_EXPIRES_AT: now + ttl,
-            FIELD_HITS: 0,
-        }
-        # MULTI/EXEC: the entry never exists without its TTL.
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.hset(key, mapping=fields)
-            pipe.expire(key, ttl)
-            await pipe.execute()
+        await write_entry(self._redis, exact_key(query), CacheEntry.for_query(query, completion))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
-import time
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -25,40 +24,29 @@ from redisvl.index import AsyncSearchIndex
 from redisvl.query import VectorQuery
 from redisvl.query.filter import FilterExpression, Tag
 
-from app.cache.base import CacheHit, CacheQuery, CorruptEntry, EmbeddingFailed, Verdict, Verifier
+from app.cache.base import CacheHit, CacheQuery, CorruptEntry, EmbeddingFailed
+from app.cache.entry import CacheEntry, write_entry
 from app.cache.keys import (
     FIELD_ANSWER,
     FIELD_CATEGORY,
-    FIELD_CREATED_AT,
     FIELD_EMBEDDING,
-    FIELD_EXPIRES_AT,
     FIELD_HITS,
-    FIELD_MODEL,
     FIELD_QUESTION,
     FIELD_SCOPE,
-    FIELD_TENANT,
     NAMESPACE,
     semantic_index_name,
     semantic_prefix,
 )
+from app.cache.verify import CandidateCheck, ThresholdVerifier
 from app.embed import Embedder
-from app.policy import SemanticPolicy
 
 logger = logging.getLogger("strata.semantic")
 
+SEMANTIC = "semantic"
 EMBEDDER_KEY = f"{NAMESPACE}:meta:embedder"
 DISTANCE_FIELD = "vector_distance"
 # Candidates compared per lookup: the best one that passes verification is served.
 CANDIDATES = 3
-
-
-class ThresholdVerifier:
-    """Cosine similarity against the category's threshold, nothing more."""
-
-    def verify(self, asked: str, cached: str, similarity: float, policy: SemanticPolicy) -> Verdict:
-        if similarity >= policy.threshold:
-            return Verdict(True, "above_threshold")
-        return Verdict(False, "below_threshold")
 
 
 def scope_filter(query: CacheQuery) -> FilterExpression:
@@ -70,23 +58,16 @@ def scope_filter(query: CacheQuery) -> FilterExpression:
 class SemanticCache:
     """Nearest cached question in the same scope, if similar enough and verified."""
 
-    name = "semantic"
+    name = SEMANTIC
 
     def __init__(
-        self,
-        redis: Redis,
-        embedder: Embedder,
-        schema_path: Path,
-        verifier: Verifier | None = None,
-        *,
-        on_verdict: Any = None,
+        self, redis: Redis, embedder: Embedder, schema_path: Path, check: CandidateCheck | None = None, *,
         memo_size: int = 4096,
     ) -> None:
         self._redis = redis
         self._embedder = embedder
         self._schema_template = yaml.safe_load(schema_path.read_text(encoding="utf-8"))
-        self._verifier = verifier or ThresholdVerifier()
-        self._on_verdict = on_verdict
+        self._check = check or CandidateCheck(ThresholdVerifier())
         self._indexes: dict[str, AsyncSearchIndex] = {}
         self._index_lock = asyncio.Lock()
         # Recent question embeddings: the write-back after a miss reuses the lookup's vector.
@@ -179,9 +160,7 @@ class SemanticCache:
                 break  # most similar first: the rest are below too
             if not row.get(FIELD_QUESTION) or not row.get(FIELD_ANSWER):
                 raise CorruptEntry(f"semantic entry {key} lacks its question or answer")
-            verdict = self._verifier.verify(question, row[FIELD_QUESTION], similarity, policy)
-            if self._on_verdict is not None:
-                self._on_verdict(verdict)
+            verdict = await self._check.decide(question, row[FIELD_QUESTION], similarity, policy, query.canonical.model)
             if not verdict.accepted:
                 continue
             await self._redis.hincrby(key, FIELD_HITS, 1)
@@ -201,25 +180,10 @@ class SemanticCache:
             return
         await self.index(query.version)
         vector = await self.vector(canonical.question)
-        now = int(time.time())
-        ttl = query.category.ttl_seconds
-        key = semantic_prefix(query.version) + canonical.exact_digest
-        fields = {
-            FIELD_QUESTION: canonical.question,
-            FIELD_ANSWER: completion,
-            FIELD_SCOPE: canonical.scope_digest,
-            FIELD_CATEGORY: query.category.name,
-            FIELD_TENANT: canonical.tenant,
-            FIELD_MODEL: canonical.model,
-            FIELD_CREATED_AT: now,
-            FIELD_EXPIRES_AT: now + ttl,
-            FIELD_HITS: 0,
-            FIELD_EMBEDDING: vector.astype(np.float32).tobytes(),
-        }
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.hset(key, mapping=fields)
-            pipe.expire(key, ttl)
-            await pipe.execute()
+        entry = CacheEntry.for_query(
+            query, completion, scope=canonical.scope_digest, embedding=vector.astype(np.float32).tobytes()
+        )
+        await write_entry(self._redis, semantic_prefix(query.version) + canonical.exact_digest, entry)
 
 
 async def index_dims(redis: Redis, name: str) -> int | None:

@@ -11,7 +11,11 @@ passed the category's threshold goes through two more stages:
    gradient-boosted tree ensemble trained by ``make train-verifier`` and stored as JSON
    (``schemas/verifier.json``); inference here is plain numpy, with no pickle involved.
 
-The service and ``strata calibrate evaluate`` both decide through :meth:`PairVerifier.verify`.
+3. Optionally (``semantic.judge``), what the verifier accepted in the band goes to an async
+   confirm hook (the LLM judge, ``app/cache/judge.py``) that can only veto.
+
+The service and ``strata calibrate`` both decide through :class:`CandidateCheck` (and so
+:meth:`PairVerifier.verify`); verdicts are counted in one place, its ``on_verdict`` callback.
 """
 
 from __future__ import annotations
@@ -19,17 +23,19 @@ from __future__ import annotations
 import bisect
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import numpy as np
 import yaml
 
-from app.cache.base import Verdict
+from app.cache.base import Verdict, Verifier
+from app.cache.judge import JUDGE_FAILED
 from app.cache.keys import normalize_text
 from app.policy import SemanticPolicy
+from app.settings import Settings
 
 # Reasons, as they appear in metrics and the X-Cache-Verdict header.
 BELOW_THRESHOLD = "below_threshold"
@@ -358,3 +364,67 @@ class PairVerifier:
         if self._probability(asked_profile, cached_profile, similarity) >= policy.min_probability:
             return Verdict(True, VERIFIED)
         return Verdict(False, VERIFIER_REJECTED)
+
+
+class ThresholdVerifier:
+    """Cosine similarity against the category's threshold, nothing more (no guards, no model)."""
+
+    def verify(self, asked: str, cached: str, similarity: float, policy: SemanticPolicy) -> Verdict:
+        if similarity >= policy.threshold:
+            return Verdict(True, "above_threshold")
+        return Verdict(False, BELOW_THRESHOLD)
+
+
+class Confirm(Protocol):
+    """An async second opinion on a band acceptance (the LLM judge); it can only veto."""
+
+    async def confirm(self, asked: str, cached: str, model: str) -> Verdict: ...
+
+
+class CandidateCheck:
+    """Verification as the semantic layer runs it: guards and verifier, then the confirm hook.
+
+    Args:
+        verifier: The synchronous stage (guards, learned verifier).
+        confirm: The hook asked about ``verifier_accepted`` candidates of categories with
+            ``semantic.judge``; without one such candidates are rejected (``judge_failed``).
+        on_verdict: Called with every verdict (the one place they are counted).
+    """
+
+    def __init__(self, verifier: Verifier, confirm: Confirm | None = None,
+                 on_verdict: Callable[[Verdict], None] | None = None) -> None:
+        self.verifier = verifier
+        self._confirm = confirm
+        self._on_verdict = on_verdict
+
+    def _count(self, verdict: Verdict) -> Verdict:
+        if self._on_verdict is not None:
+            self._on_verdict(verdict)
+        return verdict
+
+    async def decide(self, asked: str, cached: str, similarity: float, policy: SemanticPolicy, model: str) -> Verdict:
+        """Whether the answer cached for ``cached`` may serve ``asked`` (every stage).
+
+        Args:
+            asked: The new question.
+            cached: The candidate's question.
+            similarity: Their cosine similarity.
+            policy: The category's semantic policy.
+            model: The model the request named (the judge asks it unless configured otherwise).
+        """
+        verdict = self._count(self.verifier.verify(asked, cached, similarity, policy))
+        return await self.confirmed(verdict, asked, cached, policy, model)
+
+    async def confirmed(self, verdict: Verdict, asked: str, cached: str, policy: SemanticPolicy, model: str) -> Verdict:
+        """The confirm step alone: a band acceptance goes to the hook when the policy asks for it."""
+        if verdict.reason != VERIFIED or not policy.judge:
+            return verdict
+        if self._confirm is None:
+            return self._count(Verdict(False, JUDGE_FAILED))  # never serve unconfirmed what must be confirmed
+        return self._count(await self._confirm.confirm(asked, cached, model))
+
+
+def load_verifier(settings: Settings) -> PairVerifier:
+    """The verifier the settings name: its lexicon and (optional) trained artifact."""
+    artifact = settings.resolve(settings.semantic.verifier_artifact) if settings.semantic.verifier_artifact else None
+    return PairVerifier.from_files(settings.resolve(settings.semantic.verification_lexicon), artifact)

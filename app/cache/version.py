@@ -18,6 +18,19 @@ from app.cache.keys import NAMESPACE, VERSION_KEY, version_tag
 logger = logging.getLogger("strata.version")
 
 
+class StaleVersion(Exception):
+    """The version tag changed since this worker last read it (part of the layer contract:
+    the caller adopts ``current`` and asks again).
+
+    Attributes:
+        current: The version number Redis holds now, as read (``None`` if it is gone).
+    """
+
+    def __init__(self, current: bytes | None) -> None:
+        super().__init__("the cache version changed")
+        self.current = current
+
+
 class VersionTag:
     """The current cache version of one Redis database."""
 

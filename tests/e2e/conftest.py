@@ -12,10 +12,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from app.asgi import create_app
 from app.settings import Settings
 from tests.conftest import ROOT
-from tests.support import ServerThread, free_port
+from tests.support import free_port, serve_strata
 
 pytestmark = pytest.mark.e2e
 
@@ -39,7 +38,7 @@ def vllm() -> Iterator[tuple[str, str]]:
             return
     port = free_port()
     run_dir = tempfile.mkdtemp(prefix="strata-test-vllm-")
-    env = {**os.environ, "STRATA_VLLM_PORT": str(port), "STRATA_VLLM_DIR": run_dir}
+    env = {**os.environ, "STACK_VLLM_PORT": str(port), "STACK_VLLM_DIR": run_dir}
     launcher = str(ROOT / "vllm" / "vllm.sh")
     started = subprocess.run([launcher, "start"], env=env, capture_output=True, text=True)
     if started.returncode != 0:
@@ -57,7 +56,7 @@ def vllm() -> Iterator[tuple[str, str]]:
 @pytest.fixture(scope="session")
 def strata_e2e(redis_url: str, vllm: tuple[str, str]) -> Iterator[str]:
     url, _ = vllm
-    settings = Settings(redis_url=redis_url, upstream_url=url + "/v1", upstream_timeout_s=120.0, default_max_tokens=48,
-                        semantic_enabled=False)
-    with ServerThread(create_app(settings)) as server:
+    settings = Settings.from_flat({"redis_url": redis_url, "upstream_url": url + "/v1", "upstream_timeout_s": 120.0,
+                                   "default_max_tokens": 48, "semantic_enabled": False})
+    with serve_strata(settings) as server:
         yield server.url

@@ -5,22 +5,19 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import httpx
-import msgspec
 import pytest
 
-from app.asgi import create_app
 from app.settings import Settings
-from tests.support import FakeUpstream, ServerThread
+from tests.support import MODEL, FakeUpstream, ServerThread, serve_strata
 
 ADMIN_TOKEN = "test-admin-token"
-MODEL = "fake-model"
 
 
 @pytest.fixture(scope="session")
 def fake_upstream() -> Iterator[FakeUpstream]:
     upstream = FakeUpstream()
     with ServerThread(upstream.app()) as server:
-        upstream.url = server.url  # type: ignore[attr-defined]
+        upstream.url = server.url
         yield upstream
 
 
@@ -37,14 +34,13 @@ def strata_settings(redis_url: str, upstream_url: str, **overrides: object) -> S
         "semantic_enabled": False,
     }
     values.update(overrides)
-    return msgspec.convert(values, Settings)
+    return Settings.from_flat(values)
 
 
 @pytest.fixture(scope="module")
 def strata(redis_url: str, fake_upstream: FakeUpstream) -> Iterator[str]:
     """Strata with the exact layer only, serving on a free port."""
-    app = create_app(strata_settings(redis_url, fake_upstream.url))  # type: ignore[attr-defined]
-    with ServerThread(app) as server:
+    with serve_strata(strata_settings(redis_url, fake_upstream.url)) as server:
         yield server.url
 
 

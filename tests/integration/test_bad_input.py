@@ -52,11 +52,9 @@ def test_unknown_route_and_wrong_method_are_openai_shaped(client: httpx.Client) 
 
 
 def test_admin_is_forbidden_without_a_configured_token(redis_url: str, fake_upstream: FakeUpstream) -> None:
-    from app.asgi import create_app
     from tests.integration.conftest import strata_settings
-    from tests.support import ServerThread
+    from tests.support import serve_strata
 
-    app = create_app(strata_settings(redis_url, fake_upstream.url, admin_token=None))  # type: ignore[attr-defined]
-    with ServerThread(app) as server:
+    with serve_strata(strata_settings(redis_url, fake_upstream.url, admin_token=None)) as server:
         response = httpx.post(server.url + "/admin/cache/invalidate", headers={"Authorization": "Bearer anything"})
     assert response.status_code == 403 and response.json()["error"]["code"] == "admin_disabled"

@@ -13,13 +13,13 @@ import httpx
 import pytest
 import redis
 
-from app.asgi import create_app
-from app.calibrate import Pair, evaluate, similarities, verify_all
-from app.lifespan import load_verifier
+from app.cache.verify import load_verifier
+from app.calibrate.evaluate import evaluate, similarities, verify_all
+from app.calibrate.pairs import Pair
 from app.policy import Policy
 from app.settings import PROJECT_ROOT, Settings
-from tests.integration.conftest import MODEL, strata_settings
-from tests.support import FakeUpstream, ServerThread
+from tests.integration.conftest import strata_settings
+from tests.support import MODEL, FakeUpstream, serve_strata
 
 LAST_LINE = re.compile(r"^precision=(\d\.\d{4}) recall=(\d\.\d{4}) hits=(\d+) positives=(\d+) pairs=(\d+)$")
 PAIRS = [
@@ -105,7 +105,7 @@ def test_fit_recommends_a_policy_and_draws_the_trade_off(tmp_path: Path) -> None
 def test_the_service_decides_exactly_as_evaluate(
     redis_url: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream, use_encoder: Any
 ) -> None:
-    settings = strata_settings(redis_url, fake_upstream.url, semantic_enabled=True)  # type: ignore[attr-defined]
+    settings = strata_settings(redis_url, fake_upstream.url, semantic_enabled=True)
     category = Policy.load(settings.resolve(settings.policy_file)).categories["general"]
     pairs = [Pair(cached=a, asked=b, label=label) for a, b, label in PAIRS]
     offline = []
@@ -113,7 +113,7 @@ def test_the_service_decides_exactly_as_evaluate(
     for pair, similarity in zip(pairs, similarities(pairs, use_encoder), strict=True):
         offline.append(evaluate([pair], verify_all([pair], [similarity], verifier, category.semantic))[0].hits == 1)
     served = []
-    with ServerThread(create_app(settings, encoder=use_encoder)) as server:
+    with serve_strata(settings, use_encoder) as server:
         for index, pair in enumerate(pairs):
             # Each pair in a scope of its own (its own system prompt), as `evaluate` assumes.
             def ask(text: str) -> httpx.Response:

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import httpx
 
-from app.asgi import create_app
 from tests.integration.conftest import chat, strata_settings
-from tests.support import FakeUpstream, ServerThread, free_port
+from tests.support import FakeUpstream, free_port, serve_strata
 
 
 def test_redis_down_means_bypass_and_degraded_health(fake_upstream: FakeUpstream) -> None:
     fake_upstream.reset()
     dead_redis = f"redis://127.0.0.1:{free_port()}/0"
-    app = create_app(strata_settings(dead_redis, fake_upstream.url))  # type: ignore[attr-defined]
-    with ServerThread(app) as server, httpx.Client(base_url=server.url, timeout=10) as client:
+    with serve_strata(strata_settings(dead_redis, fake_upstream.url)) as server, httpx.Client(base_url=server.url, timeout=10) as client:
         for _ in range(2):
             response = client.post("/v1/chat/completions", json=chat("still answered"))
             assert response.status_code == 200 and response.headers["x-cache"] == "bypass"
@@ -26,8 +24,7 @@ def test_redis_down_means_bypass_and_degraded_health(fake_upstream: FakeUpstream
 
 def test_upstream_down_is_502_and_health_degraded(redis_url: str) -> None:
     dead_upstream = f"http://127.0.0.1:{free_port()}"
-    app = create_app(strata_settings(redis_url, dead_upstream))
-    with ServerThread(app) as server, httpx.Client(base_url=server.url, timeout=10) as client:
+    with serve_strata(strata_settings(redis_url, dead_upstream)) as server, httpx.Client(base_url=server.url, timeout=10) as client:
         response = client.post("/v1/chat/completions", json=chat("nobody home"))
         assert response.status_code == 502
         assert response.json()["error"]["type"] == "upstream_error"

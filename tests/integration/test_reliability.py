@@ -19,10 +19,9 @@ import httpx
 import pytest
 import redis
 
-from app.asgi import create_app
 from app.settings import PROJECT_ROOT
-from tests.integration.conftest import MODEL, strata_settings
-from tests.support import FakeUpstream, ServerThread, free_port, serve_process
+from tests.integration.conftest import strata_settings
+from tests.support import MODEL, FakeUpstream, free_port, serve_process, serve_strata
 
 LAUNCHER = str(PROJECT_ROOT / "redis-stack" / "redis-stack.sh")
 
@@ -44,8 +43,8 @@ def test_fifty_identical_misses_on_two_workers_make_one_upstream_call(
 ) -> None:
     fake_upstream.reset()
     fake_upstream.delay = 0.5
-    settings = strata_settings(redis_url, fake_upstream.url)  # type: ignore[attr-defined]
-    with ServerThread(create_app(settings)) as one, ServerThread(create_app(settings)) as two:
+    settings = strata_settings(redis_url, fake_upstream.url)
+    with serve_strata(settings) as one, serve_strata(settings) as two:
         responses = asyncio.run(burst([one.url, two.url], 50, "stampede", stream_every=5))
     assert len(fake_upstream.calls) == 1
     assert all(r.status_code == 200 for r in responses)
@@ -65,7 +64,7 @@ def test_a_failing_leader_shares_its_error_instead_of_a_retry_storm(
 ) -> None:
     fake_upstream.reset()
     fake_upstream.delay, fake_upstream.status = 0.3, 500
-    with ServerThread(create_app(strata_settings(redis_url, fake_upstream.url))) as server:  # type: ignore[attr-defined]
+    with serve_strata(strata_settings(redis_url, fake_upstream.url)) as server:
         responses = asyncio.run(burst([server.url], 20, "fails"))
     assert [r.status_code for r in responses] == [502] * 20
     assert len(fake_upstream.calls) == 1
@@ -75,7 +74,7 @@ def test_a_failing_leader_shares_its_error_instead_of_a_retry_storm(
 def test_the_upstream_concurrency_limit_answers_503(redis_url: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream) -> None:
     fake_upstream.reset()
     fake_upstream.delay = 1.0
-    settings = strata_settings(redis_url, fake_upstream.url, upstream_timeout_s=5.0,  # type: ignore[attr-defined]
+    settings = strata_settings(redis_url, fake_upstream.url, upstream_timeout_s=5.0,
                                upstream_max_concurrency=1, upstream_queue_timeout_s=0.2)
 
     async def two_different(tag: str) -> list[httpx.Response]:
@@ -84,7 +83,7 @@ def test_the_upstream_concurrency_limit_answers_503(redis_url: str, redis_sync: 
                 client.post(server.url + "/v1/chat/completions", json=body(f"{tag} {i}")) for i in range(2)
             ])
 
-    with ServerThread(create_app(settings)) as server:
+    with serve_strata(settings) as server:
         responses = asyncio.run(two_different("first"))
     assert sorted(r.status_code for r in responses) == [200, 503]
     rejected = next(r for r in responses if r.status_code == 503)
@@ -128,7 +127,7 @@ class OwnRedis:
 def own_redis() -> Iterator[OwnRedis]:
     port = free_port()
     data = tempfile.mkdtemp(prefix="strata-fault-redis-")
-    own = OwnRedis(port=port, env={**os.environ, "STRATA_REDIS_PORT": str(port), "STRATA_REDIS_DIR": data}, data=data)
+    own = OwnRedis(port=port, env={**os.environ, "STACK_REDIS_PORT": str(port), "STACK_REDIS_DIR": data}, data=data)
     own.start()
     yield own
     subprocess.run([LAUNCHER, "stop"], env=own.env, capture_output=True)
@@ -141,7 +140,7 @@ def post(url: str, question: str) -> httpx.Response:
 
 def test_redis_stopped_and_restarted_mid_run(own_redis: OwnRedis, fake_upstream: FakeUpstream) -> None:
     fake_upstream.reset()
-    with ServerThread(create_app(strata_settings(own_redis.url, fake_upstream.url))) as server:  # type: ignore[attr-defined]
+    with serve_strata(strata_settings(own_redis.url, fake_upstream.url)) as server:
         post(server.url, "kept")
         assert post(server.url, "kept").headers["x-cache"] == "exact-hit"
         own_redis.stop()
@@ -158,8 +157,8 @@ def test_redis_stopped_and_restarted_mid_run(own_redis: OwnRedis, fake_upstream:
 
 def test_a_paused_redis_costs_a_bounded_wait_not_an_outage(own_redis: OwnRedis, fake_upstream: FakeUpstream) -> None:
     fake_upstream.reset()
-    settings = strata_settings(own_redis.url, fake_upstream.url, redis_timeout_s=0.2)  # type: ignore[attr-defined]
-    with ServerThread(create_app(settings)) as server:
+    settings = strata_settings(own_redis.url, fake_upstream.url, redis_timeout_s=0.2)
+    with serve_strata(settings) as server:
         post(server.url, "paused")
         own_redis.client().execute_command("CLIENT", "PAUSE", "3000", "ALL")
         started = time.monotonic()
@@ -172,7 +171,7 @@ def test_a_paused_redis_costs_a_bounded_wait_not_an_outage(own_redis: OwnRedis, 
 
 def test_redis_out_of_memory_skips_the_store_and_counts_it(own_redis: OwnRedis, fake_upstream: FakeUpstream) -> None:
     fake_upstream.reset()
-    with ServerThread(create_app(strata_settings(own_redis.url, fake_upstream.url))) as server:  # type: ignore[attr-defined]
+    with serve_strata(strata_settings(own_redis.url, fake_upstream.url)) as server:
         post(server.url, "warm up")  # version key and connections exist
         admin = own_redis.client()
         admin.config_set("maxmemory-policy", "noeviction")
@@ -188,7 +187,7 @@ def test_redis_out_of_memory_skips_the_store_and_counts_it(own_redis: OwnRedis, 
 def test_acknowledged_entries_survive_kill_9(own_redis: OwnRedis, fake_upstream: FakeUpstream) -> None:
     fake_upstream.reset()
     questions = [f"durable {i}" for i in range(20)]
-    with ServerThread(create_app(strata_settings(own_redis.url, fake_upstream.url))) as server:  # type: ignore[attr-defined]
+    with serve_strata(strata_settings(own_redis.url, fake_upstream.url)) as server:
         for question in questions:
             assert post(server.url, question).status_code == 200
         time.sleep(1.5)  # appendfsync everysec: acknowledged more than a second ago
@@ -210,7 +209,7 @@ def test_sigterm_lets_the_request_in_flight_finish_and_keeps_its_write(
     fake_upstream.delay = 1.5
     port = free_port()
     env = {**os.environ, "STRATA_PORT": str(port), "STRATA_REDIS_URL": redis_url, "STRATA_SEMANTIC_ENABLED": "false",
-           "STRATA_UPSTREAM_URL": fake_upstream.url + "/v1", "STRATA_LOG_LEVEL": "warning"}  # type: ignore[attr-defined]
+           "STRATA_UPSTREAM_URL": fake_upstream.url + "/v1", "STRATA_LOG_LEVEL": "warning"}
     url = f"http://127.0.0.1:{port}"
 
     process = serve_process(env, port)
@@ -237,12 +236,12 @@ def test_only_requests_that_never_reached_the_model_are_retried(
 ) -> None:
     fake_upstream.reset()
     fake_upstream.status = 500
-    settings = strata_settings(redis_url, fake_upstream.url, upstream_max_retries=3)  # type: ignore[attr-defined]
-    with ServerThread(create_app(settings)) as server:
+    settings = strata_settings(redis_url, fake_upstream.url, upstream_max_retries=3)
+    with serve_strata(settings) as server:
         assert post(server.url, "server error").status_code == 502
         assert len(fake_upstream.calls) == 1  # a 5xx may have cost a generation: not repeated
     refused = strata_settings(redis_url, f"http://127.0.0.1:{free_port()}", upstream_max_retries=3)
-    with ServerThread(create_app(refused)) as server:
+    with serve_strata(refused) as server:
         started = time.monotonic()
         response = post(server.url, "nobody listens")
         assert response.status_code == 502 and "unreachable" in response.json()["error"]["message"]
@@ -254,7 +253,7 @@ def test_an_invalidation_while_followers_wait_on_another_worker(
 ) -> None:
     fake_upstream.reset()
     fake_upstream.delay = 0.6
-    settings = strata_settings(redis_url, fake_upstream.url)  # type: ignore[attr-defined]
+    settings = strata_settings(redis_url, fake_upstream.url)
 
     async def scenario(one: str, two: str) -> list[httpx.Response]:
         async with httpx.AsyncClient(timeout=30) as client:
@@ -265,6 +264,6 @@ def test_an_invalidation_while_followers_wait_on_another_worker(
             redis_sync.incr("strata:meta:version")  # another worker's invalidation, mid-wait
             return [await leader, await follower]
 
-    with ServerThread(create_app(settings)) as one, ServerThread(create_app(settings)) as two:
+    with serve_strata(settings) as one, serve_strata(settings) as two:
         responses = asyncio.run(scenario(one.url, two.url))
     assert [r.status_code for r in responses] == [200, 200]

@@ -11,16 +11,15 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 
-from app.asgi import create_app
 from tests.integration.conftest import strata_settings
-from tests.support import FakeUpstream, ServerThread
+from tests.support import FakeUpstream, serve_strata
 
 
 @pytest.fixture(scope="module")
 def fuzzed_strata(redis_url: str, fake_upstream: FakeUpstream, use_encoder: Any) -> Iterator[str]:
     fake_upstream.reset()
-    app_settings = strata_settings(redis_url, fake_upstream.url, semantic_enabled=True, admin_token=None)  # type: ignore[attr-defined]
-    with ServerThread(create_app(app_settings, encoder=use_encoder)) as server:
+    app_settings = strata_settings(redis_url, fake_upstream.url, semantic_enabled=True, admin_token=None)
+    with serve_strata(app_settings, use_encoder) as server:
         yield server.url
 
 

@@ -11,18 +11,15 @@ import httpx
 import pytest
 import redis
 
-from app.asgi import create_app
-from tests.integration.conftest import ADMIN_TOKEN, MODEL, strata_settings
-from tests.support import FakeUpstream, ServerThread
-
-FAQ = {"X-Cache-Category": "faq"}
+from tests.integration.conftest import ADMIN_TOKEN, strata_settings
+from tests.support import FAQ, MODEL, FakeUpstream, ask, serve_strata
 
 
 @pytest.fixture(scope="module")
 def semantic_strata(redis_url: str, fake_upstream: FakeUpstream, use_encoder: Any) -> Iterator[str]:
-    settings = strata_settings(redis_url, fake_upstream.url, semantic_enabled=True,  # type: ignore[attr-defined]
+    settings = strata_settings(redis_url, fake_upstream.url, semantic_enabled=True,
                                judge_timeout_s=0.5)
-    with ServerThread(create_app(settings, encoder=use_encoder)) as server:
+    with serve_strata(settings, use_encoder) as server:
         yield server.url
 
 
@@ -31,14 +28,6 @@ def client(semantic_strata: str, redis_sync: redis.Redis, fake_upstream: FakeUps
     fake_upstream.reset()
     with httpx.Client(base_url=semantic_strata, timeout=10) as http:
         yield http
-
-
-def ask(client: httpx.Client, question: str, *, system: str | None = None, history: list[dict[str, str]] | None = None,
-        headers: dict[str, str] | None = None, **params: Any) -> httpx.Response:
-    messages = ([{"role": "system", "content": system}] if system else []) + (history or [])
-    messages.append({"role": "user", "content": question})
-    return client.post("/v1/chat/completions", json={"model": params.pop("model", MODEL), "messages": messages, **params},
-                       headers=headers if headers is not None else FAQ)
 
 
 def content(response: httpx.Response) -> str:

@@ -5,35 +5,25 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import httpx
 import redis
-
 from redis.asyncio import Redis
 
-from app.asgi import create_app
 from app.cache.semantic import index_dims
 from app.embed import load_encoder
-from tests.integration.conftest import MODEL, strata_settings
-from tests.support import FakeUpstream, ServerThread
-
-FAQ = {"X-Cache-Category": "faq"}
-
-
-def ask(url: str, question: str) -> httpx.Response:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": question}]}
-    return httpx.post(url + "/v1/chat/completions", json=body, headers=FAQ, timeout=10)
+from tests.integration.conftest import strata_settings
+from tests.support import FakeUpstream, ask, serve_strata
 
 
 def test_a_missing_index_is_created_and_a_present_one_is_reused(
     redis_url: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream, use_encoder: Any
 ) -> None:
-    settings = strata_settings(redis_url, fake_upstream.url, semantic_enabled=True)  # type: ignore[attr-defined]
+    settings = strata_settings(redis_url, fake_upstream.url, semantic_enabled=True)
     assert redis_sync.execute_command("FT._LIST") == []
-    with ServerThread(create_app(settings, encoder=use_encoder)) as server:
+    with serve_strata(settings, use_encoder) as server:
         assert ask(server.url, "怎么申请退款").headers["x-cache"] == "miss"
     assert redis_sync.execute_command("FT._LIST") == [b"strata:v1:sem"]
     # A restart keeps the index and its entries.
-    with ServerThread(create_app(settings, encoder=use_encoder)) as server:
+    with serve_strata(settings, use_encoder) as server:
         assert ask(server.url, "退款怎么申请").headers["x-cache"] == "semantic-hit"
     assert int(redis_sync.ft("strata:v1:sem").info()["num_docs"]) == 1
     assert redis_sync.get("strata:meta:version") == b"1"
@@ -43,13 +33,13 @@ def test_an_embedder_with_other_dims_moves_to_a_new_version_instead_of_crashing(
     redis_url: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream, use_encoder: Any
 ) -> None:
     fake_upstream.reset()
-    use = strata_settings(redis_url, fake_upstream.url, semantic_enabled=True)  # type: ignore[attr-defined]
-    with ServerThread(create_app(use, encoder=use_encoder)) as server:
+    use = strata_settings(redis_url, fake_upstream.url, semantic_enabled=True)
+    with serve_strata(use, use_encoder) as server:
         ask(server.url, "How do I reset my password?")
     assert redis_sync.get("strata:meta:embedder").endswith(b":512")
-    minilm = strata_settings(redis_url, fake_upstream.url, semantic_enabled=True,  # type: ignore[attr-defined]
+    minilm = strata_settings(redis_url, fake_upstream.url, semantic_enabled=True,
                              embedder="sentence-transformers")
-    with ServerThread(create_app(minilm, encoder=load_encoder("sentence-transformers"))) as server:
+    with serve_strata(minilm, load_encoder("sentence-transformers")) as server:
         assert redis_sync.get("strata:meta:version") == b"2"
         assert ask(server.url, "How do I reset my password?").headers["x-cache"] == "miss"
         assert ask(server.url, "How can I reset my password?").headers["x-cache"] == "semantic-hit"

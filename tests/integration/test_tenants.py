@@ -18,7 +18,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis.asyncio import Redis
 
-from app.asgi import create_app
 from app.auth import add_key, read_keys
 from app.cache.base import CacheQuery
 from app.cache.exact import ExactCache
@@ -26,10 +25,8 @@ from app.cache.keys import canonicalize
 from app.policy import CategoryPolicy
 from app.settings import PROJECT_ROOT
 from app.wire import ChatCompletionRequest
-from tests.integration.conftest import MODEL, strata_settings
-from tests.support import FakeUpstream, ServerThread
-
-FAQ = {"X-Cache-Category": "faq"}
+from tests.integration.conftest import strata_settings
+from tests.support import MODEL, FakeUpstream, ask, serve_strata
 
 
 @pytest.fixture(scope="module")
@@ -42,17 +39,9 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]:
 
 @pytest.fixture(scope="module")
 def keyed_strata(redis_url: str, fake_upstream: FakeUpstream, use_encoder: Any, keys: tuple[Path, str, str]) -> Iterator[str]:
-    settings = strata_settings(redis_url, fake_upstream.url, semantic_enabled=True, keys_file=str(keys[0]))  # type: ignore[attr-defined]
-    with ServerThread(create_app(settings, encoder=use_encoder)) as server:
+    settings = strata_settings(redis_url, fake_upstream.url, semantic_enabled=True, keys_file=str(keys[0]))
+    with serve_strata(settings, use_encoder) as server:
         yield server.url
-
-
-def ask(url: str, key: str | None, question: str, **extra: Any) -> httpx.Response:
-    headers = dict(FAQ)
-    if key is not None:
-        headers["Authorization"] = f"Bearer {key}"
-    body = {"model": MODEL, "messages": [{"role": "user", "content": question}], **extra}
-    return httpx.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=10)
 
 
 def test_keys_are_stored_as_salted_hashes(keys: tuple[Path, str, str]) -> None:
@@ -67,7 +56,7 @@ def test_keys_are_stored_as_salted_hashes(keys: tuple[Path, str, str]) -> None:
 def test_missing_or_unknown_keys_are_401(keyed_strata: str, redis_sync: redis.Redis, keys: tuple[Path, str, str]) -> None:
     _, key_a, _ = keys
     for key in (None, "sk-strata-nope-nope", key_a[:-1] + ("x" if key_a[-1] != "x" else "y"), "Basic abc"):
-        response = ask(keyed_strata, key, "hi")
+        response = ask(keyed_strata, "hi", key=key)
         assert response.status_code == 401
         assert response.json()["error"]["type"] == "authentication_error"
     assert httpx.get(keyed_strata + "/v1/models").status_code == 401
@@ -78,12 +67,12 @@ def test_tenants_never_see_each_others_answers(
 ) -> None:
     _, key_a, key_b = keys
     fake_upstream.reset()
-    assert ask(keyed_strata, key_a, "怎么申请退款").headers["x-cache"] == "miss"
-    assert ask(keyed_strata, key_a, "怎么申请退款").headers["x-cache"] == "exact-hit"
-    assert ask(keyed_strata, key_a, "退款怎么申请").headers["x-cache"] == "semantic-hit"
+    assert ask(keyed_strata, "怎么申请退款", key=key_a).headers["x-cache"] == "miss"
+    assert ask(keyed_strata, "怎么申请退款", key=key_a).headers["x-cache"] == "exact-hit"
+    assert ask(keyed_strata, "退款怎么申请", key=key_a).headers["x-cache"] == "semantic-hit"
     # The other tenant: the identical question (same vector) and the paraphrase both miss.
-    assert ask(keyed_strata, key_b, "怎么申请退款").headers["x-cache"] == "miss"
-    assert ask(keyed_strata, key_b, "退款怎么申请").headers["x-cache"] == "semantic-hit"  # its own entry
+    assert ask(keyed_strata, "怎么申请退款", key=key_b).headers["x-cache"] == "miss"
+    assert ask(keyed_strata, "退款怎么申请", key=key_b).headers["x-cache"] == "semantic-hit"  # its own entry
     assert len(fake_upstream.calls) == 2
     tenants = {redis_sync.hget(k, "tenant") for k in redis_sync.scan_iter(match="strata:v1:exact:*")}
     assert tenants == {b"acme", 'evil"} | @tenant:{*'.encode()}
@@ -93,12 +82,12 @@ def test_a_revoked_key_stops_working_without_a_restart(keyed_strata: str, redis_
     path = keys[0]
     key, record = add_key(path, "short-lived")
     time.sleep(1.1)  # the resolver looks at the file at most once a second
-    assert ask(keyed_strata, key, "hello").status_code == 200
+    assert ask(keyed_strata, "hello", key=key).status_code == 200
     result = subprocess.run([sys.executable, "-m", "app.cli", "keys", "--file", str(path), "revoke", record.id],
                             cwd=PROJECT_ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     time.sleep(1.1)
-    assert ask(keyed_strata, key, "hello").status_code == 401
+    assert ask(keyed_strata, "hello", key=key).status_code == 401
 
 
 def test_the_keys_cli(tmp_path: Path) -> None:
@@ -148,11 +137,11 @@ def test_the_exact_layer_never_crosses_tenants(redis_url: str, redis_sync: redis
 @pytest.mark.parametrize("special", ['"} | @scope:{*}', "*", "-@tenant:{x}", "a|b", "{", "\\", "@category:{faq}", "' OR 1=1"])
 def test_client_text_never_breaks_the_query(keyed_strata: str, redis_sync: redis.Redis, keys: tuple[Path, str, str], special: str) -> None:
     _, key_a, _ = keys
-    first = ask(keyed_strata, key_a, f"refund {special}", model=f"model {special}")
+    first = ask(keyed_strata, f"refund {special}", key=key_a, model=f"model {special}")
     assert first.status_code == 200 and first.headers["x-cache"] == "miss"
-    again = ask(keyed_strata, key_a, f"refund {special}", model=f"model {special}")
+    again = ask(keyed_strata, f"refund {special}", key=key_a, model=f"model {special}")
     assert again.headers["x-cache"] == "exact-hit"
-    other_model = ask(keyed_strata, key_a, f"refund {special}", model=MODEL)
+    other_model = ask(keyed_strata, f"refund {special}", key=key_a, model=MODEL)
     assert other_model.headers["x-cache"] == "miss"
     bad_category = httpx.post(keyed_strata + "/v1/chat/completions", timeout=10,
                               json={"model": MODEL, "messages": [{"role": "user", "content": "x"}]},
@@ -166,10 +155,10 @@ def test_rate_limit_per_tenant(redis_url: str, fake_upstream: FakeUpstream, tmp_
     path = tmp_path / "keys.json"
     key_a, _ = add_key(path, "a")
     key_b, _ = add_key(path, "b")
-    settings = strata_settings(redis_url, fake_upstream.url, keys_file=str(path), tenant_rps=1, tenant_burst=3)  # type: ignore[attr-defined]
-    with ServerThread(create_app(settings)) as server:
-        statuses = [ask(server.url, key_a, "q").status_code for _ in range(5)]
+    settings = strata_settings(redis_url, fake_upstream.url, keys_file=str(path), tenant_rps=1, tenant_burst=3)
+    with serve_strata(settings) as server:
+        statuses = [ask(server.url, "q", key=key_a).status_code for _ in range(5)]
         assert statuses[:3] == [200, 200, 200] and statuses[3:] == [429, 429]
-        limited = ask(server.url, key_a, "q")
+        limited = ask(server.url, "q", key=key_a)
         assert limited.json()["error"]["type"] == "rate_limit_error" and int(limited.headers["retry-after"]) >= 1
-        assert ask(server.url, key_b, "q").status_code == 200  # another tenant's budget is its own
+        assert ask(server.url, "q", key=key_b).status_code == 200  # another tenant's budget is its own

@@ -16,7 +16,7 @@ def test_metrics_add_up_over_two_workers(redis_url: str, redis_sync: redis.Redis
     fake_upstream.reset()
     port = free_port()
     env = {**os.environ, "STRATA_PORT": str(port), "STRATA_WORKERS": "2", "STRATA_REDIS_URL": redis_url,
-           "STRATA_UPSTREAM_URL": fake_upstream.url + "/v1", "STRATA_SEMANTIC_ENABLED": "false",  # type: ignore[attr-defined]
+           "STRATA_UPSTREAM_URL": fake_upstream.url + "/v1", "STRATA_SEMANTIC_ENABLED": "false",
            "STRATA_LOG_LEVEL": "warning"}
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     process = serve_process(env, port)

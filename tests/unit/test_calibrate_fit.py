@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app import calibrate, cli
+from app.calibrate import fit as calibrate
+from app.calibrate.qqp import qqp_hard
 
 
 def test_lower_bound_is_below_the_point_precision_and_tightens_with_more_hits() -> None:
@@ -35,10 +36,6 @@ def test_cosine_only_recall_with_and_without_margin() -> None:
     assert cautious == pytest.approx(40 / 50) and cautious_threshold == pytest.approx(0.951)
 
 
-def test_cli_default_pool_matches_the_library() -> None:
-    assert cli.QQP_POOL_SIZE == calibrate.QQP_POOL_SIZE
-
-
 def topic(question: str) -> str:
     return re.search(r"\d+", question).group()  # type: ignore[union-attr]
 
@@ -50,8 +47,8 @@ def test_qqp_hard_negatives_stay_in_their_pool_and_cluster(tmp_path: Path) -> No
     path = tmp_path / "qqp.json"
     path.write_text(json.dumps(rows), encoding="utf-8")
     for split in ("train", "eval"):
-        pairs = calibrate.qqp_hard(path, split, pool_size=10)
-        assert pairs == calibrate.qqp_hard(path, split, pool_size=10)  # deterministic
+        pairs = qqp_hard(path, split, pool_size=10)
+        assert pairs == qqp_hard(path, split, pool_size=10)  # deterministic
         positives = [p for p in pairs if p.label == 1]
         negatives = [p for p in pairs if p.label == 0]
         # One negative per origin row, except where a pool holds nothing of another cluster.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -13,9 +14,27 @@ from app.settings import PROJECT_ROOT, Settings
 def test_settings_read_typed_values_from_the_environment() -> None:
     settings = Settings.from_env({"STRATA_PORT": "9090", "STRATA_SEMANTIC_ENABLED": "false",
                                   "STRATA_REDIS_TIMEOUT_S": "0.5", "STRATA_ADMIN_TOKEN": "", "OTHER": "x"})
-    assert settings.port == 9090 and settings.semantic_enabled is False and settings.redis_timeout_s == 0.5
+    assert settings.port == 9090 and settings.semantic.enabled is False and settings.redis.timeout_s == 0.5
     assert settings.admin_token is None
     assert Settings.from_env({}).port == 8080
+
+
+def test_every_setting_is_in_the_readme_table() -> None:
+    readme = (PROJECT_ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `STRATA_")]
+    documented = {name for line in rows for name in re.findall(r"`STRATA_([A-Z0-9_]+)`", line.split(" | ")[0])}
+    names = {name.upper() for name in Settings.flat_names()}
+    assert names - documented == set(), "settings missing from the README's table"
+    assert documented - names == set(), "README documents settings that do not exist"
+
+
+def test_grouped_settings_take_flat_names_and_refuse_unknown_ones() -> None:
+    settings = Settings.from_flat({"redis_url": "redis://example:1/0", "upstream_max_retries": 0, "tenant_rps": 2.0})
+    assert settings.redis.url == "redis://example:1/0" and settings.upstream.max_retries == 0
+    assert settings.limits.tenant_rps == 2.0 and settings.limits.tenant_burst == 0.0
+    with pytest.raises(ValueError, match="unknown setting"):
+        Settings.from_flat({"redis_port": 6380})
 
 
 def test_settings_reject_values_of_the_wrong_type() -> None:

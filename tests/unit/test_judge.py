@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from app.cache.judge import JUDGE_ACCEPTED, JUDGE_FAILED, JUDGE_REJECTED, JUDGE_SYSTEM_PROMPT, AnswerJudge
 from app.errors import UpstreamUnavailable
-from app.judge import JUDGE_ACCEPTED, JUDGE_FAILED, JUDGE_REJECTED, JUDGE_SYSTEM_PROMPT, AnswerJudge
 
 
 class StubCompleter:

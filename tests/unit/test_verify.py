@@ -9,18 +9,18 @@ from app.cache.verify import (
     ABOVE_BAND,
     BELOW_THRESHOLD,
     ENTITIES_DIFFER,
+    FEATURE_NAMES,
     NEGATION_DIFFERS,
     NUMBERS_DIFFER,
     OPPOSITE_OPERATIONS,
     VERIFIED,
     VERIFIER_REJECTED,
-    FEATURE_NAMES,
     Lexicon,
     PairAnalyzer,
     PairVerifier,
     VerifierArtifact,
 )
-from app.calibrate import PairTable, decide
+from app.calibrate.fit import PairTable, decide
 from app.policy import SemanticPolicy
 from app.settings import PROJECT_ROOT
 

@@ -1,0 +1,137 @@
+"""One entry type for every layer: the fields of a cached answer and their Redis hash mapping.
+
+Both layers store the same hash (``HGETALL`` shows it with redis-cli); the semantic layer adds
+the scope digest and the question's embedding. Entries are written in one MULTI/EXEC with their
+TTL, so no entry ever exists without one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+from redis.asyncio import Redis
+
+from app.cache.base import CacheQuery, CorruptEntry
+from app.cache.keys import (
+    FIELD_ANSWER,
+    FIELD_CATEGORY,
+    FIELD_CREATED_AT,
+    FIELD_EMBEDDING,
+    FIELD_EXPIRES_AT,
+    FIELD_HITS,
+    FIELD_MODEL,
+    FIELD_QUESTION,
+    FIELD_SCOPE,
+    FIELD_TENANT,
+)
+
+_INTEGER_FIELDS = (FIELD_CREATED_AT, FIELD_EXPIRES_AT, FIELD_HITS)
+
+
+class CacheEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """A cached answer as stored in one Redis hash.
+
+    Attributes:
+        question: The normalised last user message ("" when it was not a text question).
+        answer: The completion JSON as the model returned it.
+        model: The model the request named.
+        tenant: The tenant it was stored for.
+        category: The content category (its TTL bounds the entry's life).
+        created_at: Unix seconds when stored.
+        expires_at: Unix seconds when it expires (absolute: a hit does not extend it).
+        hits: Times it was served.
+        scope: The scope digest (semantic entries only).
+        embedding: The question's embedding as float32 bytes (semantic entries only).
+    """
+
+    question: str
+    answer: bytes
+    model: str
+    tenant: str
+    category: str
+    created_at: int
+    expires_at: int
+    hits: int = 0
+    scope: str | None = None
+    embedding: bytes | None = None
+
+    @classmethod
+    def for_query(cls, query: CacheQuery, answer: bytes, *, now: int | None = None, **extra: Any) -> CacheEntry:
+        """The entry that stores ``answer`` for ``query``, living for the category's TTL.
+
+        Args:
+            query: The query the answer was generated for.
+            answer: The completion JSON.
+            now: Unix seconds of creation (the current time when omitted).
+            **extra: Layer-specific fields (``scope``, ``embedding``).
+        """
+        created = int(time.time()) if now is None else now
+        canonical = query.canonical
+        return cls(
+            question=canonical.question if canonical.question is not None else "",
+            answer=answer,
+            model=canonical.model,
+            tenant=canonical.tenant,
+            category=query.category.name,
+            created_at=created,
+            expires_at=created + query.category.ttl_seconds,
+            **extra,
+        )
+
+    @property
+    def ttl_seconds(self) -> int:
+        return max(1, self.expires_at - self.created_at)
+
+    def to_hash(self) -> dict[str, str | bytes | int]:
+        """The hash fields, absent values left out."""
+        fields: dict[str, str | bytes | int] = {
+            FIELD_QUESTION: self.question,
+            FIELD_ANSWER: self.answer,
+            FIELD_MODEL: self.model,
+            FIELD_TENANT: self.tenant,
+            FIELD_CATEGORY: self.category,
+            FIELD_CREATED_AT: self.created_at,
+            FIELD_EXPIRES_AT: self.expires_at,
+            FIELD_HITS: self.hits,
+        }
+        if self.scope is not None:
+            fields[FIELD_SCOPE] = self.scope
+        if self.embedding is not None:
+            fields[FIELD_EMBEDDING] = self.embedding
+        return fields
+
+    @classmethod
+    def from_hash(cls, fields: Mapping[bytes | str, bytes | str]) -> CacheEntry:
+        """Read an entry back from ``HGETALL``.
+
+        Raises:
+            CorruptEntry: A field Strata always writes is missing or malformed.
+        """
+        named = {(k.decode() if isinstance(k, bytes) else k): v for k, v in fields.items()}
+        try:
+            text = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in named.items() if k not in (FIELD_ANSWER, FIELD_EMBEDDING)}
+            answer = named[FIELD_ANSWER]
+            embedding = named.get(FIELD_EMBEDDING)
+            return cls(
+                question=text[FIELD_QUESTION],
+                answer=answer.encode() if isinstance(answer, str) else answer,
+                model=text[FIELD_MODEL],
+                tenant=text[FIELD_TENANT],
+                category=text[FIELD_CATEGORY],
+                scope=text.get(FIELD_SCOPE),
+                embedding=embedding.encode() if isinstance(embedding, str) else embedding,
+                **{name: int(text[name]) for name in _INTEGER_FIELDS},
+            )
+        except (KeyError, ValueError, UnicodeDecodeError) as exc:
+            raise CorruptEntry(f"cache entry lacks or garbles {exc}") from exc
+
+
+async def write_entry(redis: Redis, key: str, entry: CacheEntry) -> None:
+    """Store an entry with its TTL in one MULTI/EXEC: it never exists without one."""
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.hset(key, mapping=entry.to_hash())
+        pipe.expire(key, entry.ttl_seconds)
+        await pipe.execute()

@@ -1,0 +1,186 @@
+"""The cache as the request path sees it: a plan, the layers in order, and write-back.
+
+:class:`LayeredCache` is the one object the pipeline talks to about the cache. It reads the
+version tag into a :class:`CachePlan`, asks the layers in turn (retrying once under a newer
+version tag, dropping corrupt entries), and writes complete answers back to every layer unless
+the cache was invalidated while the model was answering. Cache failures never leave it: they
+are logged, counted and turn the plan into ``unavailable`` (a bypass).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from enum import StrEnum
+from typing import Any
+
+import msgspec
+
+from app.cache.base import CACHE_ERRORS, CacheHit, CacheLayer, CacheQuery, CorruptEntry
+from app.cache.exact import EXACT
+from app.cache.keys import CanonicalRequest
+from app.cache.semantic import SEMANTIC
+from app.cache.version import StaleVersion, VersionTag
+from app.metrics import Metrics
+from app.policy import CategoryPolicy
+from app.wire import decode_completion
+
+
+class CacheMode(StrEnum):
+    """What a request may do with the cache."""
+
+    USE = "use"  # look up; store a complete answer
+    REFRESH = "refresh"  # Cache-Control: no-cache: skip the lookup, store the fresh answer
+    SKIP = "skip"  # Cache-Control: no-store: neither
+    UNCACHEABLE = "uncacheable"  # several choices (n > 1) cannot be replayed as one
+    UNAVAILABLE = "unavailable"  # Redis failed (version unreadable, lookup failed): bypass
+
+
+class CachePlan(msgspec.Struct, frozen=True):
+    """What the cache does for one request: its mode, and the query when the cache is used.
+
+    Attributes:
+        mode: The mode.
+        query: The query of modes that read or write (``USE``, ``REFRESH``), else ``None``.
+    """
+
+    mode: CacheMode
+    query: CacheQuery | None = None
+
+    @property
+    def reads(self) -> bool:
+        return self.mode is CacheMode.USE
+
+    @property
+    def writes(self) -> bool:
+        return self.mode in (CacheMode.USE, CacheMode.REFRESH)
+
+
+class LayeredCache:
+    """The layers in order (exact, then semantic), behind one plan/lookup/store interface.
+
+    Args:
+        versions: The version tag of the Redis database.
+        layers: The layers, cheapest first; one of them must be named ``exact``.
+        metrics: Where lookups, stores and failures are counted.
+        lookup_timeout_s: Bound on each layer's lookup; past it the request is a bypass.
+        judge_timeout_s: Added to the semantic layer's bound for categories whose verification
+            waits on the LLM judge.
+    """
+
+    def __init__(self, versions: VersionTag, layers: Sequence[CacheLayer], metrics: Metrics, *,
+                 lookup_timeout_s: float, judge_timeout_s: float = 0.0) -> None:
+        self.versions = versions
+        self._layers = list(layers)
+        self._by_name = {layer.name: layer for layer in self._layers}
+        if EXACT not in self._by_name:
+            raise ValueError("the exact layer is required (single flight reads answers from it)")
+        self._metrics = metrics
+        self._lookup_timeout_s = lookup_timeout_s
+        self._judge_timeout_s = judge_timeout_s
+
+    def layer(self, name: str) -> CacheLayer | None:
+        return self._by_name.get(name)
+
+    async def plan(self, canonical: CanonicalRequest, category: CategoryPolicy, mode: CacheMode) -> CachePlan:
+        """The plan of a cacheable request: its query under the current version tag.
+
+        Args:
+            canonical: The canonical request.
+            category: The content category's policy.
+            mode: ``USE`` or ``REFRESH`` (other modes need no query and are planned as they are).
+        """
+        if not (mode is CacheMode.USE or mode is CacheMode.REFRESH):
+            return CachePlan(mode)
+        version = self.versions.known
+        if version is None:
+            try:
+                version = await self.versions.refresh()
+            except CACHE_ERRORS as exc:
+                self._metrics.cache_failed("version", "read", exc)
+                return CachePlan(CacheMode.UNAVAILABLE)
+        return CachePlan(mode, CacheQuery(canonical=canonical, category=category, version=version))
+
+    async def lookup(self, plan: CachePlan) -> tuple[CachePlan, CacheHit | None]:
+        """Ask each layer in turn.
+
+        Returns:
+            The plan as it stands after the lookup (its version may have moved on, or the cache
+            may have failed: ``UNAVAILABLE``), and the hit, its completion decoded and checked.
+        """
+        if not plan.reads or plan.query is None:
+            return plan, None
+        query = plan.query
+        for layer in self._layers:
+            try:
+                async with asyncio.timeout(self._budget(layer, query)):
+                    try:
+                        hit = await layer.lookup(query)
+                    except StaleVersion as stale:
+                        # Another worker bumped the version: adopt it and look again, once.
+                        tag = self.versions.observe(stale.current) or await self.versions.refresh()
+                        query = msgspec.structs.replace(query, version=tag)
+                        hit = await layer.lookup(query)
+            except CACHE_ERRORS as exc:
+                self._metrics.cache_failed(layer.name, "lookup", exc)
+                return CachePlan(CacheMode.UNAVAILABLE), None
+            if hit is not None:
+                completion = decode_completion(hit.completion)
+                if completion is None:
+                    self._metrics.cache_failed(layer.name, "lookup", CorruptEntry(f"{layer.name} entry is not a completion"))
+                    hit = None  # a miss: the fresh answer overwrites the entry
+                else:
+                    hit = msgspec.structs.replace(hit, decoded=completion)
+            self._metrics.lookups.labels(layer.name, "hit" if hit else "miss").inc()
+            if hit is not None:
+                return CachePlan(plan.mode, query), hit
+        return CachePlan(plan.mode, query), None
+
+    def _budget(self, layer: CacheLayer, query: CacheQuery) -> float:
+        # The judge is a model call: its own timeout bounds it, on top of the lookup's.
+        if layer.name == SEMANTIC and query.category.semantic.judge:
+            return self._lookup_timeout_s + self._judge_timeout_s
+        return self._lookup_timeout_s
+
+    async def read_exact(self, query: CacheQuery) -> bytes | None:
+        """The answer stored for exactly this query (single-flight followers wait on it).
+
+        Raises:
+            Any of ``CACHE_ERRORS``.
+        """
+        try:
+            hit = await self._by_name[EXACT].lookup(query)
+        except StaleVersion:
+            return None  # invalidated while waiting: the leader's answer will not be stored
+        return None if hit is None else hit.completion
+
+    async def store(self, plan: CachePlan, raw: bytes, completion: dict[str, Any]) -> None:
+        """Write a complete answer to every layer; anything else is not cached."""
+        if not plan.writes or plan.query is None:
+            return
+        query = plan.query
+        choices = completion.get("choices") or []
+        if not choices or any(c.get("finish_reason") != "stop" for c in choices):
+            self._skip_store("skipped_incomplete")
+            return
+        # The answer took seconds to generate: if the cache was invalidated meanwhile, it was
+        # generated for a world that no longer holds, and must not be cached under any version.
+        try:
+            current = await self.versions.refresh()
+        except CACHE_ERRORS as exc:
+            self._metrics.cache_failed("version", "read", exc)
+            return
+        if current != query.version:
+            self._skip_store("skipped_stale_version")
+            return
+        for layer in self._layers:
+            try:
+                await layer.store(query, raw)
+            except CACHE_ERRORS as exc:
+                self._metrics.cache_failed(layer.name, "store", exc)
+                continue
+            self._metrics.stores.labels(layer.name, "stored").inc()
+
+    def _skip_store(self, reason: str) -> None:
+        for layer in self._layers:
+            self._metrics.stores.labels(layer.name, reason).inc()

@@ -1,0 +1,132 @@
+"""Relaying a request to the model server: the complete answer or its SSE stream, token counts,
+write-back of complete answers, and handing the answer to single-flight followers."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+
+from app.cache.layered import CachePlan, LayeredCache
+from app.chat import ChatResult, Outcome
+from app.errors import StrataError, UpstreamUnavailable
+from app.metrics import Metrics
+from app.singleflight import Ticket
+from app.stream import StreamAssembler, sse_event
+from app.upstream import Upstream
+from app.wire import SSE_DONE, ErrorDetail, ErrorResponse, json_encoder
+
+
+class Exchange(msgspec.Struct, kw_only=True):
+    """One request on its way to the model, with everything its answer is owed to.
+
+    Attributes:
+        body: The body sent upstream (``max_tokens`` capped, pass-through fields kept).
+        stream: Whether the client asked for SSE.
+        plan: The cache plan; a complete answer is written back when it ``writes``.
+        outcome: ``miss`` or ``bypass``, as the response will say.
+        started: When the request arrived (``perf_counter``).
+        ticket: The single-flight ticket to finish with the answer, if the request leads.
+    """
+
+    body: dict[str, Any]
+    stream: bool
+    plan: CachePlan
+    outcome: Outcome
+    started: float
+    ticket: Ticket | None = None
+
+    async def finish(self, answer: bytes | StrataError | None) -> None:
+        if self.ticket is not None:
+            await self.ticket.finish(answer)
+
+
+class Relay:
+    """Asks the upstream for one exchange and writes its complete answer back."""
+
+    def __init__(self, upstream: Upstream, cache: LayeredCache, metrics: Metrics) -> None:
+        self._upstream = upstream
+        self._cache = cache
+        self._metrics = metrics
+
+    async def send(self, exchange: Exchange) -> ChatResult:
+        """The upstream's answer as a result (JSON, or a stream that is relayed as it comes).
+
+        Raises:
+            StrataError: The upstream failed before anything was sent to the client.
+        """
+        try:
+            if exchange.stream:
+                return await self._open_stream(exchange)
+            return await self._complete(exchange)
+        except StrataError as exc:
+            await exchange.finish(exc)
+            raise
+        except BaseException:
+            await exchange.finish(None)
+            raise
+
+    def _failed(self, exchange: Exchange) -> None:
+        self._metrics.upstream_requests.labels("error").inc()
+        self._metrics.finish(Outcome.ERROR, exchange.started)
+
+    async def _complete(self, exchange: Exchange) -> ChatResult:
+        try:
+            raw, completion = await self._upstream.complete(exchange.body)
+        except StrataError:
+            self._failed(exchange)
+            raise
+        self._metrics.upstream_requests.labels("ok").inc()
+        self._metrics.count_tokens(completion.get("usage"))
+        await self._cache.store(exchange.plan, raw, completion)
+        await exchange.finish(raw)
+        self._metrics.finish(exchange.outcome, exchange.started)
+        return ChatResult(outcome=exchange.outcome, headers={"X-Cache": exchange.outcome.value}, body=raw)
+
+    async def _open_stream(self, exchange: Exchange) -> ChatResult:
+        chunks = self._upstream.stream(exchange.body).__aiter__()
+        # Wait for the first chunk, so that an upstream that is down answers with a real
+        # 502/504 status instead of a broken 200 stream.
+        try:
+            first = await chunks.__anext__()
+        except StopAsyncIteration:
+            first = None
+        except StrataError:
+            self._failed(exchange)
+            raise
+        return ChatResult(
+            outcome=exchange.outcome,
+            headers={"X-Cache": exchange.outcome.value},
+            stream=self._relay(first, chunks, exchange),
+        )
+
+    async def _relay(self, first: bytes | None, chunks: AsyncIterator[bytes], exchange: Exchange) -> AsyncIterator[bytes]:
+        assembler = StreamAssembler()
+        answer: bytes | None = None
+        try:
+            try:
+                if first is not None:
+                    assembler.add(first)
+                    yield sse_event(first)
+                    async for payload in chunks:
+                        assembler.add(payload)
+                        yield sse_event(payload)
+            except (StrataError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+                if not isinstance(exc, StrataError):
+                    exc = UpstreamUnavailable(f"the model server sent a malformed chunk: {exc}")
+                # Headers are gone already: report in-band, as OpenAI does, and store nothing.
+                self._failed(exchange)
+                detail = ErrorDetail(message=exc.message, type=exc.error_type, code=exc.code)
+                yield sse_event(json_encoder.encode(ErrorResponse(error=detail)))
+                return
+            self._metrics.upstream_requests.labels("ok").inc()
+            self._metrics.count_tokens(assembler.usage)
+            completion = assembler.completion()
+            answer = json_encoder.encode(completion)
+            await self._cache.store(exchange.plan, answer, completion)
+            self._metrics.finish(exchange.outcome, exchange.started)
+            yield sse_event(SSE_DONE)
+        finally:
+            # Also when the client went away mid-stream: followers must not wait for nothing.
+            await exchange.finish(answer if assembler.complete else None)
