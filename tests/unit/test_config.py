@@ -84,3 +84,17 @@ def test_a_refused_connection_is_the_only_retryable_upstream_failure() -> None:
 
     assert _never_reached(asyncio.run(refused()))
     assert not _never_reached(openai.APITimeoutError(request=None))  # type: ignore[arg-type]
+
+
+def test_a_policy_file_can_build_on_another_and_name_only_what_changes(tmp_path: Path) -> None:
+    variant = tmp_path / "variant.yaml"
+    variant.write_text(f"base: {PROJECT_ROOT / 'schemas' / 'policy.yaml'}\ndefault_category: judged\ncategories:\n"
+                       "  judged: {like: faq, semantic: {judge: true}}\n", encoding="utf-8")
+    policy = Policy.load(variant)
+    shipped = Policy.load(PROJECT_ROOT / "schemas" / "policy.yaml").categories["faq"]
+    judged = policy.categories["judged"]
+    assert judged.semantic.judge and judged.semantic.threshold == shipped.semantic.threshold
+    assert judged.ttl_seconds == shipped.ttl_seconds and "business" in policy.categories
+    variant.write_text("default_category: x\ncategories:\n  x: {like: nowhere, ttl_seconds: 5}\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="nowhere"):
+        Policy.load(variant)
