@@ -209,6 +209,72 @@ def cmd_qqp_hard(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_replay_build(args: argparse.Namespace, settings: Settings) -> int:
+    from app.replay.streams import clinc_stream, pairs_stream, write_stream
+
+    source = Path(args.data_dir) / ("clinc150.csv" if args.source == "clinc" else "afqmc_train.csv")
+    if not source.exists():
+        return _fail(f"not found: {source}")
+    if args.source == "clinc":
+        stream = clinc_stream(source, args.requests, args.seed, args.oos_share, args.intents)
+    else:
+        stream = pairs_stream(source, args.requests, args.seed)
+    write_stream(stream, Path(args.out))
+    print(f"wrote {len(stream)} requests ({len({r.label for r in stream})} labels) to {args.out}")
+    return 0
+
+
+def cmd_replay_run(args: argparse.Namespace, settings: Settings) -> int:
+    import httpx
+
+    from app.policy import Policy
+    from app.replay.run import plot, replay
+    from app.replay.streams import StreamFileError, read_stream
+
+    try:
+        stream = read_stream(Path(args.stream))
+    except StreamFileError as exc:
+        return _fail(str(exc))
+    if args.policy:
+        settings = msgspec_replace(settings, policy_file=str(Path(args.policy).resolve()))
+    try:
+        categories = Policy.load(settings.resolve(settings.policy_file)).categories
+    except ValueError as exc:
+        return _fail(str(exc))
+    if args.category not in categories:
+        return _fail(f"unknown category {args.category!r}; known: {', '.join(sorted(categories))}")
+    started = time.perf_counter()
+    if args.simulate:
+        from app.replay.simulate import run_simulated
+
+        report = run_simulated(stream, settings=settings, category=args.category)
+        where = "simulated (own Redis Stack, labelled upstream, in-process Strata)"
+    else:
+        async def go():
+            async with httpx.AsyncClient(base_url=args.url, timeout=300) as client:
+                return await replay(stream, client, model=args.model, category=args.category)
+
+        try:
+            report = asyncio.run(go())
+        except httpx.HTTPError as exc:
+            return _fail(f"cannot reach Strata at {args.url}: {exc}")
+        where = args.url
+    print(f"stream: {args.stream}; against: {where}; category: {args.category}; took {time.perf_counter() - started:.0f} s")
+    print(report.summary(args.window))
+    if args.json:
+        Path(args.json).write_bytes(report.to_json(args.window))
+    if args.plot:
+        plot(report, args.window, Path(args.plot), f"{Path(args.stream).name}: {args.category}")
+        print(f"learning curve: {args.plot}")
+    return 0
+
+
+def msgspec_replace(settings: Settings, **changes: object) -> Settings:
+    import msgspec
+
+    return msgspec.structs.replace(settings, **changes)
+
+
 def _keys_path(args: argparse.Namespace, settings: Settings) -> Path | None:
     if args.file:
         return Path(args.file)
@@ -275,6 +341,31 @@ def parser() -> argparse.ArgumentParser:
                      help="pairs per pool in which negatives are searched; 0 for the whole split (harsher)")
     qqp.add_argument("--data-dir", default=str(DEFAULT_DATA))
     qqp.set_defaults(run=cmd_qqp_hard)
+
+    replay_cmd = commands.add_parser("replay", help="replay a labelled traffic stream against Strata")
+    replay_steps = replay_cmd.add_subparsers(dest="step", required=True)
+    build = replay_steps.add_parser("build", help="write a seeded stream from ../shared/data")
+    build.add_argument("--source", choices=("clinc", "afqmc"), default="clinc")
+    build.add_argument("--out", required=True, help="JSONL file to write")
+    build.add_argument("--requests", type=int, default=3000)
+    build.add_argument("--seed", type=int, default=0)
+    build.add_argument("--oos-share", type=float, default=0.0, help="share of out-of-scope CLINC queries (each its own label)")
+    build.add_argument("--intents", type=int, default=0, help="keep only the first N CLINC intents (0: all)")
+    build.add_argument("--data-dir", default=str(DEFAULT_DATA))
+    build.set_defaults(run=cmd_replay_build)
+    run_step = replay_steps.add_parser("run", help="send a stream and report hits by layer, wrong hits, learning curve")
+    run_step.add_argument("--stream", required=True, help="JSONL ({text, label} per line) or CSV (text,label)")
+    target = run_step.add_mutually_exclusive_group(required=True)
+    target.add_argument("--url", help="a running Strata, e.g. http://127.0.0.1:8080")
+    target.add_argument("--simulate", action="store_true",
+                        help="in process: own Redis Stack, an upstream answering one answer per label")
+    run_step.add_argument("--category", default="faq")
+    run_step.add_argument("--model", default="SmolLM2-135M-Instruct", help="model to name (with --url)")
+    run_step.add_argument("--policy", help="policy file instead of STRATA_POLICY_FILE")
+    run_step.add_argument("--window", type=int, default=500)
+    run_step.add_argument("--plot", help="PNG of the learning curve (needs the calibrate extra)")
+    run_step.add_argument("--json", help="write the report as JSON")
+    run_step.set_defaults(run=cmd_replay_run)
 
     keys = commands.add_parser("keys", help="API keys of tenants (stored as salted hashes)")
     keys.add_argument("--file", help="keys file (default: STRATA_KEYS_FILE)")

@@ -20,6 +20,7 @@ from app.cache.exact import ExactCache
 from app.cache.judge import AnswerJudge
 from app.cache.keys import semantic_index_name
 from app.cache.layered import LayeredCache
+from app.cache.learning import AnswerLearner
 from app.cache.semantic import SemanticCache, adopt_embedder, index_dims
 from app.cache.verify import CandidateCheck, load_verifier
 from app.cache.version import VersionTag, sweep_stale_versions
@@ -47,6 +48,7 @@ class Resources:
     upstream: Upstream
     metrics: Metrics
     pipeline: ChatPipeline
+    cache: LayeredCache
     tenants: TenantResolver
     rate_limiter: TenantRateLimiter
     semantic: SemanticCache | None = None
@@ -92,7 +94,7 @@ async def build_resources(settings: Settings, encoder: Encoder | None = None) ->
     upstream = Upstream(settings.upstream)
     metrics = Metrics()
     layers: list[CacheLayer] = [ExactCache(redis)]
-    semantic = embedder = None
+    semantic = embedder = learner = None
     options = settings.semantic
     if options.enabled:
         if encoder is None:
@@ -108,14 +110,17 @@ async def build_resources(settings: Settings, encoder: Encoder | None = None) ->
         embedder = BatchingEmbedder(
             encoder, window_ms=options.embed_batch_window_ms, max_batch=options.embed_max_batch, on_batch=count_batch
         )
+        verifier = load_verifier(settings)
         check = CandidateCheck(
-            load_verifier(settings), confirm=AnswerJudge(upstream, options.judge_timeout_s, options.judge_model),
+            verifier, confirm=AnswerJudge(upstream, options.judge_timeout_s, options.judge_model),
             on_verdict=metrics.verdict,
         )
-        semantic = SemanticCache(redis, embedder, settings.resolve(options.index_schema), check)
+        semantic = SemanticCache(redis, embedder, settings.resolve(options.index_schema), check,
+                                 learning_refresh_s=options.learning_refresh_s)
         layers.append(semantic)
+        learner = AnswerLearner(redis, embedder, verifier.analyzer)
     cache = LayeredCache(versions, layers, metrics, lookup_timeout_s=settings.lookup_timeout_s,
-                         judge_timeout_s=options.judge_timeout_s)
+                         judge_timeout_s=options.judge_timeout_s, learner=learner)
     flight = SingleFlight(redis, metrics, lease_s=settings.singleflight_lease_s, poll_s=settings.singleflight_poll_s)
     pipeline = ChatPipeline(limits=settings.limits, cache=cache, relay=Relay(upstream, cache, metrics),
                             metrics=metrics, flight=flight)
@@ -124,7 +129,7 @@ async def build_resources(settings: Settings, encoder: Encoder | None = None) ->
     rate_limiter = TenantRateLimiter(limits.tenant_rps, limits.tenant_burst or limits.tenant_rps, settings.workers)
     return Resources(
         settings=settings, policy=policy, redis=redis, versions=versions, upstream=upstream, metrics=metrics,
-        pipeline=pipeline, tenants=tenants, rate_limiter=rate_limiter, semantic=semantic, embedder=embedder,
+        pipeline=pipeline, cache=cache, tenants=tenants, rate_limiter=rate_limiter, semantic=semantic, embedder=embedder,
     )
 
 
@@ -173,6 +178,11 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
     try:
         yield
     finally:
+        try:
+            async with asyncio.timeout(5):
+                await resources.cache.settle()  # observations in flight
+        except TimeoutError:
+            logger.warning("observations still in flight at shutdown were dropped")
         for task in list(resources.background):
             task.cancel()
         await asyncio.gather(*resources.background, return_exceptions=True)

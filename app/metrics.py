@@ -62,6 +62,15 @@ class Metrics:
         self.verifications = Counter(
             "strata_semantic_verifications", "Semantic candidates by decision and reason", ["decision", "reason"], registry=r
         )
+        self.semantic_hits = Counter(
+            "strata_semantic_hits", "Semantic hits served, by category", ["category"], registry=r
+        )
+        self.observations = Counter(
+            "strata_semantic_observations",
+            "Answered misses compared with their nearest candidate, by category, result (equivalent, different, "
+            "dropped) and whether the candidate would have been served (explored)",
+            ["category", "result", "explored"], registry=r,
+        )
 
     def finish(self, outcome: str, started: float) -> None:
         """Count one finished request and its latency since ``started`` (``perf_counter``)."""

@@ -23,10 +23,26 @@ class SemanticPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     min_probability: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.9
     # Ask the upstream model to confirm what the verifier accepted in the band (app/cache/judge.py).
     judge: bool = False
+    # Adaptive categories (app/cache/learning.py): with an error bound, `threshold` is only the
+    # floor of the band, and a candidate is served when the observations say that hits at its
+    # score are wrong less often than `error_bound`, with `confidence`.
+    error_bound: Annotated[float, Meta(gt=0.0, lt=1.0)] | None = None
+    confidence: Annotated[float, Meta(ge=0.5, lt=1.0)] = 0.85
+    # Share of would-be hits sent upstream anyway, to measure the served hits' error honestly.
+    explore: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.0
+    # Answer equivalence: cosine of the two answers' embeddings, or the share of the shorter
+    # answer's content words found in the other (numbers must match either way).
+    answer_threshold: Similarity = 0.92
+    answer_overlap: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.7
+    max_aliases: Annotated[int, Meta(ge=0, le=10_000)] = 64
 
     def __post_init__(self) -> None:
         if self.accept_above < self.threshold:
             raise ValueError("semantic.accept_above must be >= semantic.threshold")
+
+    @property
+    def adaptive(self) -> bool:
+        return self.error_bound is not None
 
 
 class CategoryPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

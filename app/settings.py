@@ -61,6 +61,8 @@ class SemanticSettings(msgspec.Struct, frozen=True, kw_only=True):
     # (empty: the model the request names) and how long to wait before rejecting the candidate.
     judge_model: str = field(default="", name="judge_model")
     judge_timeout_s: float = field(default=5.0, name="judge_timeout_s")
+    # How long a worker reuses an adaptive category's pooled observations before reading them again.
+    learning_refresh_s: float = field(default=1.0, name="learning_refresh_s")
 
 
 class LimitSettings(msgspec.Struct, frozen=True, kw_only=True):

@@ -29,12 +29,15 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "data"
 MODEL = "bench-model"
-CATEGORY = "faq"
+# The hit paths measured: the adaptive `faq` (shipped) and the static verified policy it replaced.
+CATEGORIES = {"semantic": "verified", "adaptive": "faq"}
+EXACT_CATEGORY = "verified"
 
 # Targets from the semantic-layer issue, for a 2-core machine with the load generator on it.
 TARGETS = {
     "exact": {"p50_ms": 2.0, "rps": 2000.0},
     "semantic": {"p50_ms": 8.0, "rps": 400.0},
+    "adaptive": {"p50_ms": 8.0, "rps": 400.0},
 }
 
 # Used when ../shared/data is absent: paraphrase pairs of our own.
@@ -85,8 +88,8 @@ def wait_for(url: str, timeout: float = 60.0) -> None:
 
 
 @contextmanager
-def stack(workers: int) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """Redis Stack, a stub upstream and Strata on free ports; yields Strata's URL and process."""
+def stack(workers: int) -> Iterator[tuple[str, subprocess.Popen[bytes], str]]:
+    """Redis Stack, a stub upstream and Strata on free ports; yields Strata's URL and process, and Redis's URL."""
     redis_port, upstream_port, strata_port = free_port(), free_port(), free_port()
     data = tempfile.mkdtemp(prefix="strata-bench-")
     redis_env = {**os.environ, "STACK_REDIS_PORT": str(redis_port), "STACK_REDIS_DIR": data}
@@ -100,13 +103,14 @@ def stack(workers: int) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
         "STRATA_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
         "STRATA_UPSTREAM_URL": f"http://127.0.0.1:{upstream_port}/v1",
         "STRATA_LOG_LEVEL": "warning",
+        "STRATA_POLICY_FILE": str(ROOT / "bench" / "policy.yaml"),
     }
     strata = subprocess.Popen([sys.executable, "-m", "app.serve"], cwd=ROOT, env=strata_env)
     try:
         url = f"http://127.0.0.1:{strata_port}"
         wait_for(f"http://127.0.0.1:{upstream_port}/v1/models")
         wait_for(url + "/health")
-        yield url, strata
+        yield url, strata, f"redis://127.0.0.1:{redis_port}/0"
     finally:
         strata.terminate()
         strata.wait(timeout=30)
@@ -124,9 +128,9 @@ def semantic_pairs(limit: int) -> tuple[list[tuple[str, str]], str]:
     return [(r["origin"], r["similar"]) for r in rows], f"first {limit} pairs of gptcache_mock_data.json"
 
 
-def fill(url: str, pairs: list[tuple[str, str]]) -> tuple[list[str], list[str]]:
+def fill(url: str, pairs: list[tuple[str, str]], category: str) -> tuple[list[str], list[str]]:
     """Store every origin; returns the bodies that exact-hit and the paraphrases that semantic-hit."""
-    headers = {"X-Cache-Category": CATEGORY}
+    headers = {"X-Cache-Category": category}
     exact, semantic = [], []
     with httpx.Client(base_url=url, timeout=30) as client:
         for origin, _ in pairs:
@@ -139,13 +143,25 @@ def fill(url: str, pairs: list[tuple[str, str]]) -> tuple[list[str], list[str]]:
     return exact, semantic
 
 
-def wrk(url: str, bodies: list[str], concurrency: int, duration: int, name: str) -> Run:
+def seed_evidence(redis_url: str, category: str) -> None:
+    """Give an adaptive category the evidence of a long-running deployment (clean observations at
+    every score), so its decision serves: the benchmark measures the decision's cost, not learning."""
+    import redis
+
+    from app.cache.keys import observation_field, observations_key
+
+    client = redis.Redis.from_url(redis_url)
+    client.hset(observations_key("v1", category), mapping={observation_field("ok", b): 10_000 for b in range(160)})
+    client.close()
+
+
+def wrk(url: str, bodies: list[str], concurrency: int, duration: int, name: str, category: str) -> Run:
     with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False, encoding="utf-8") as handle:
         handle.write("\n".join(bodies) + "\n")
         path = handle.name
     threads = 1 if concurrency == 1 else 2
     command = ["wrk", f"-t{threads}", f"-c{concurrency}", f"-d{duration}s", "--latency",
-               "-s", str(ROOT / "bench" / "wrk_rotate.lua"), url, "--", path, CATEGORY]
+               "-s", str(ROOT / "bench" / "wrk_rotate.lua"), url, "--", path, category]
     output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
     os.unlink(path)
     latency = dict(re.findall(r"(p\d+)=(\d+)", re.search(r"LATENCY_US (.*)", output).group(1)))  # type: ignore[union-attr]
@@ -214,7 +230,7 @@ def verdict(run: Run, kind: str) -> str:
     return f"{value:,.0f} req/s vs target >= {goal:,.0f}: " + ("met" if value >= goal else f"MISSED by {goal - value:,.0f} req/s ({value / goal:.0%} of target)")
 
 
-def report(runs: list[tuple[str, Run]], rss: float, source: str, sizes: tuple[int, int], duration: int, command: str,
+def report(runs: list[tuple[str, Run]], rss: float, source: str, sizes: tuple[int, int, int], duration: int, command: str,
            verify: tuple[float, float, int]) -> str:
     lines = [
         "# Benchmarks",
@@ -227,7 +243,9 @@ def report(runs: list[tuple[str, Run]], rss: float, source: str, sizes: tuple[in
         f"- Machine: {machine()}",
         "- Load generator: wrk 4.1 (a separate C process on the same 2 cores as Strata, Redis and the stub upstream)",
         f"- Service: one Strata worker (uvicorn, uvloop, httptools), default settings, embedder USE multilingual v3 int8 ONNX; {duration} s per run",
-        f"- Data: {source}; {sizes[0]} exact-hit bodies, {sizes[1]} paraphrases that semantic-hit (category `{CATEGORY}`), rotated",
+        f"- Data: {source}; {sizes[0]} exact-hit bodies, {sizes[1]} paraphrases that semantic-hit in category "
+        f"`verified` (cosine 0.88 + learned verifier, bench/policy.yaml) and {sizes[2]} in the adaptive `faq` "
+        "(app/cache/learning.py; its pooled observations seeded so the decision serves), rotated",
         "",
         "| run | concurrency | p50 ms | p90 ms | p99 ms | req/s | requests | outcomes (status:X-Cache=count) | verdict |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -260,21 +278,27 @@ def main() -> int:
         print("bench: wrk is not installed (Debian package wrk; make bench installs it)", file=sys.stderr)
         return 2
     pairs, source = semantic_pairs(args.pairs)
-    with stack(workers=1) as (url, strata):
-        exact_bodies, semantic_bodies = fill(url, pairs)
-        if not exact_bodies or not semantic_bodies:
+    with stack(workers=1) as (url, strata, redis_url):
+        exact_bodies, semantic_bodies = fill(url, pairs, CATEGORIES["semantic"])
+        seed_evidence(redis_url, CATEGORIES["adaptive"])
+        _, adaptive_bodies = fill(url, pairs, CATEGORIES["adaptive"])
+        if not exact_bodies or not semantic_bodies or not adaptive_bodies:
             print("bench: filling the cache produced no hits", file=sys.stderr)
             return 1
         runs = []
-        for kind, bodies in (("exact", exact_bodies), ("semantic", semantic_bodies)):
+        plan = (("exact", exact_bodies, EXACT_CATEGORY), ("semantic", semantic_bodies, CATEGORIES["semantic"]),
+                ("adaptive", adaptive_bodies, CATEGORIES["adaptive"]))
+        for kind, bodies, category in plan:
             for concurrency in (1, 16):
-                run = wrk(url, bodies, concurrency, args.duration, f"{kind} hit")
+                name = {"exact": "exact hit", "semantic": "semantic hit, verified", "adaptive": "semantic hit, adaptive"}[kind]
+                run = wrk(url, bodies, concurrency, args.duration, name, category)
                 print(f"{run.name} c={concurrency}: p50 {run.p50_ms:.2f} ms p99 {run.p99_ms:.2f} ms {run.rps:,.0f} req/s {run.outcomes}")
                 runs.append((kind, run))
         rss = peak_rss_mb(strata)
     verify = verifier_cost(pairs)
     command = "make bench" + (f" BENCH_ARGS='{' '.join(sys.argv[1:])}'" if sys.argv[1:] else "")
-    text = report(runs, rss, source, (len(exact_bodies), len(semantic_bodies)), args.duration, command, verify)
+    text = report(runs, rss, source, (len(exact_bodies), len(semantic_bodies), len(adaptive_bodies)), args.duration,
+                  command, verify)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     existing = Path(args.out).read_text(encoding="utf-8") if Path(args.out).exists() else ""
     marker = "\n## Analysis"

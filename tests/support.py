@@ -4,10 +4,8 @@ upstream, and one way of asking Strata a question."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,51 +13,20 @@ from typing import Any
 
 import httpx
 import msgspec
-import uvicorn
 from litestar import Litestar, Request, Response, get, post
 from litestar.response import Stream
 
 from app.asgi import create_app
 from app.cache.judge import JUDGE_SYSTEM_PROMPT
 from app.embed import Encoder
+from app.replay.simulate import ServerThread, free_port
 from app.settings import Settings
+
+__all__ = ["FAQ", "MODEL", "FakeUpstream", "ServerThread", "ask", "free_port", "serve_process", "serve_strata"]
 
 MODEL = "fake-model"
 # The category the semantic tests ask in (tests/fixtures/policy.yaml).
 FAQ = {"X-Cache-Category": "faq"}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class ServerThread:
-    """Serve an ASGI app with uvicorn on 127.0.0.1 in a background thread."""
-
-    def __init__(self, app: Any, port: int | None = None) -> None:
-        self.port = port or free_port()
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on", loop="asyncio")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> ServerThread:
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("test server did not start")
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
 
 
 def serve_strata(settings: Settings, encoder: Encoder | None = None) -> ServerThread:
@@ -125,6 +92,7 @@ class FakeUpstream:
         judge_reply: What the fake answers to LLM-judge prompts (app/judge.py).
         judge_delay: Seconds to wait before answering a judge prompt.
         judge_calls: Judge prompts received, as (cached question, new question).
+        answers: Fixed answers by question (normalised text), instead of the generated one.
     """
 
     url: str = ""
@@ -137,6 +105,7 @@ class FakeUpstream:
     judge_reply: str = "yes"
     judge_delay: float = 0.0
     judge_calls: list[tuple[str, str]] = field(default_factory=list)
+    answers: dict[str, str] = field(default_factory=dict)
 
     def reset(self) -> None:
         self.calls.clear()
@@ -144,6 +113,7 @@ class FakeUpstream:
         self.malformed_chunk = False
         self.judge_reply, self.judge_delay = "yes", 0.0
         self.judge_calls.clear()
+        self.answers.clear()
 
     def answer_for(self, body: dict[str, Any]) -> str:
         """A deterministic answer naming the question and, in a conversation, its first turn;
@@ -155,6 +125,8 @@ class FakeUpstream:
             return self.judge_reply
         # Any message shape Strata accepts (a tool call has no content, say) gets an answer.
         last = messages[-1].get("content")
+        if isinstance(last, str) and last.strip() in self.answers:
+            return self.answers[last.strip()]
         after = f" (after: {messages[0].get('content')})" if len(messages) > 1 else ""
         return f"answer #{len(str(last))} to: {last}{after}"
 

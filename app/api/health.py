@@ -7,6 +7,7 @@ from typing import Any
 from litestar import Controller, Response, get
 
 from app.cache.base import CACHE_ERRORS
+from app.cache.learning import wilson_upper, z_of
 from app.lifespan import Resources
 from app.metrics import CONTENT_TYPE
 
@@ -24,7 +25,46 @@ class HealthController(Controller):
         up, error = await resources.upstream.healthy()
         upstream: dict[str, Any] = {"status": "ok"} if up else {"status": "down", "error": error}
         status = "ok" if redis["status"] == "ok" and up else "degraded"
-        return {"status": status, "redis": redis, "upstream": upstream}
+        body: dict[str, Any] = {"status": status, "redis": redis, "upstream": upstream}
+        if redis["status"] == "ok" and resources.semantic is not None:
+            body["semantic"], warnings = await self._live_precision(resources)
+            if warnings:
+                body["warnings"] = warnings
+        return body
+
+    @staticmethod
+    async def _live_precision(resources: Resources) -> tuple[dict[str, Any], list[str]]:
+        """Per adaptive category: the explored would-be hits (sent upstream anyway) estimate the
+        error of served hits; a warning when its upper bound passes the category's bound."""
+        assert resources.semantic is not None
+        tag = resources.versions.known
+        report: dict[str, Any] = {}
+        warnings: list[str] = []
+        for name, category in sorted(resources.policy.categories.items()):
+            policy = category.semantic
+            if not policy.enabled or policy.error_bound is None or tag is None:
+                continue
+            try:
+                counts = await resources.semantic.pooled.counts(tag, name)
+            except CACHE_ERRORS:
+                continue
+            explored = counts.explored_ok + counts.explored_wrong
+            upper = wilson_upper(counts.explored_wrong, explored, z_of(policy.confidence))
+            wrong, total = counts.at_or_above(0)
+            report[name] = {
+                "error_bound": policy.error_bound, "observations": total, "observed_wrong": wrong,
+                "explored": explored, "explored_wrong": counts.explored_wrong,
+                "error_estimate": counts.explored_wrong / explored if explored else None,
+                "error_upper_bound": upper if explored else None,
+            }
+            # Below 1/bound explored hits even a clean record cannot show the bound holds: say so
+            # instead of warning on every fresh deployment.
+            enough = explored >= 1 / policy.error_bound
+            report[name]["status"] = "too_few_explored" if not enough else "above_bound" if upper > policy.error_bound else "within_bound"
+            if enough and upper > policy.error_bound:
+                warnings.append(f"category {name}: served semantic hits may be wrong more often than "
+                                f"{policy.error_bound:g} (upper bound {upper:.3f} from {explored} explored hits)")
+        return report, warnings
 
     @get("/metrics")
     async def metrics(self, resources: Resources) -> Response[bytes]:

@@ -14,7 +14,7 @@ from app.cache.version import StaleVersion
 from app.policy import CategoryPolicy, SemanticPolicy
 
 __all__ = [
-    "CACHE_ERRORS", "CacheHit", "CacheLayer", "CacheQuery", "CorruptEntry", "EmbeddingFailed", "StaleVersion",
+    "CACHE_ERRORS", "CacheHit", "Candidate", "CacheLayer", "CacheQuery", "CorruptEntry", "EmbeddingFailed", "StaleVersion",
     "Verdict", "Verifier",
 ]
 
@@ -67,6 +67,29 @@ class CacheHit(msgspec.Struct, frozen=True, kw_only=True):
     decoded: dict[str, Any] | None = None
 
 
+class Candidate(msgspec.Struct, frozen=True, kw_only=True):
+    """The nearest cached question a layer did not serve, worth learning from once the model
+    has answered (app/cache/learning.py).
+
+    Attributes:
+        key: The document that matched (an entry or an alias).
+        root: The entry whose answer it serves.
+        question: Its question.
+        answer: The answer it would have served.
+        similarity: Cosine similarity of the two questions.
+        score_bin: The decision score's bin (similarity and margin, x100).
+        explored: Whether it would have been served and was sent upstream to check the estimate.
+    """
+
+    key: str
+    root: str
+    question: str
+    answer: bytes
+    similarity: float
+    score_bin: int
+    explored: bool = False
+
+
 class Verdict(msgspec.Struct, frozen=True):
     """A decision of the verification stage, and why."""
 
@@ -79,6 +102,10 @@ class Verifier(Protocol):
 
     def verify(self, asked: str, cached: str, similarity: float, policy: SemanticPolicy) -> Verdict: ...
 
+    def guard(self, asked: str, cached: str) -> str | None:
+        """The guards alone: the reason they reject the pair, or ``None``."""
+        ...
+
 
 class CacheLayer(Protocol):
     """A cache layer.
@@ -90,8 +117,9 @@ class CacheLayer(Protocol):
 
     name: str
 
-    async def lookup(self, query: CacheQuery) -> CacheHit | None:
-        """Find a cached answer for the query, or ``None``."""
+    async def lookup(self, query: CacheQuery) -> CacheHit | Candidate | None:
+        """Find a cached answer for the query: a hit, a candidate it did not serve (a miss the
+        layer wants to learn from), or ``None``."""
         ...
 
     async def store(self, query: CacheQuery, completion: bytes) -> None:

@@ -24,6 +24,7 @@ from app.cache.keys import (
     FIELD_HITS,
     FIELD_MODEL,
     FIELD_QUESTION,
+    FIELD_ROOT,
     FIELD_SCOPE,
     FIELD_TENANT,
 )
@@ -45,6 +46,8 @@ class CacheEntry(msgspec.Struct, frozen=True, kw_only=True):
         hits: Times it was served.
         scope: The scope digest (semantic entries only).
         embedding: The question's embedding as float32 bytes (semantic entries only).
+        root: The entry whose answer it serves: its own key, or its entry's for an alias
+            (semantic entries only).
     """
 
     question: str
@@ -57,6 +60,7 @@ class CacheEntry(msgspec.Struct, frozen=True, kw_only=True):
     hits: int = 0
     scope: str | None = None
     embedding: bytes | None = None
+    root: str | None = None
 
     @classmethod
     def for_query(cls, query: CacheQuery, answer: bytes, *, now: int | None = None, **extra: Any) -> CacheEntry:
@@ -101,6 +105,8 @@ class CacheEntry(msgspec.Struct, frozen=True, kw_only=True):
             fields[FIELD_SCOPE] = self.scope
         if self.embedding is not None:
             fields[FIELD_EMBEDDING] = self.embedding
+        if self.root is not None:
+            fields[FIELD_ROOT] = self.root
         return fields
 
     @classmethod
@@ -122,6 +128,7 @@ class CacheEntry(msgspec.Struct, frozen=True, kw_only=True):
                 tenant=text[FIELD_TENANT],
                 category=text[FIELD_CATEGORY],
                 scope=text.get(FIELD_SCOPE),
+                root=text.get(FIELD_ROOT),
                 embedding=embedding.encode() if isinstance(embedding, str) else embedding,
                 **{name: int(text[name]) for name in _INTEGER_FIELDS},
             )

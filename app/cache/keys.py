@@ -6,6 +6,7 @@ Redis key layout (every name readable with ``redis-cli``)::
     strata:vN:exact:<sha256>       HASH    L1 entry (fields below), TTL from the category
     strata:vN:sem:<sha256>         HASH    L2 entry, indexed by the RediSearch index strata:vN:sem
     strata:vN:lease:<sha256>       STRING  single-flight lease while one worker asks the model
+    strata:vN:obs:<category>       HASH    pooled observations of an adaptive category (ok:<bin>, wrong:<bin>)
 
 Prefixes end with ``:`` and none is a prefix of another (``strata:v1:sem:`` does not match
 ``strata:v10:sem:``), because RediSearch matches index prefixes as plain string prefixes.
@@ -35,6 +36,16 @@ FIELD_CREATED_AT = "created_at"
 FIELD_EXPIRES_AT = "expires_at"
 FIELD_HITS = "hits"
 FIELD_EMBEDDING = "embedding"
+# Semantic documents: the entry whose answer a document serves (itself, or the entry an alias
+# belongs to), the aliases an entry has, and what it learnt: observation counts per score bin
+# (``ok:<bin>``, ``wrong:<bin>``) and the highest similarity (x1000) of a wrong observation.
+FIELD_ROOT = "root"
+FIELD_ALIASES = "aliases"
+FIELD_WRONG_ABOVE = "wrong_above"
+OBS_OK = "ok"
+OBS_WRONG = "wrong"
+OBS_EXPLORED_OK = "explored_ok"
+OBS_EXPLORED_WRONG = "explored_wrong"
 
 # Request fields that never change what the model answers: left out of keys and scopes.
 NON_OUTPUT_FIELDS = frozenset(
@@ -63,6 +74,16 @@ def semantic_prefix(tag: str) -> str:
 def lease_key(tag: str, digest: str) -> str:
     """The single-flight lease of a request being answered (short-lived)."""
     return f"{NAMESPACE}:{tag}:lease:{digest}"
+
+
+def observations_key(tag: str, category: str) -> str:
+    """Pooled observations of an adaptive category: the prior of every entry in it."""
+    return f"{NAMESPACE}:{tag}:obs:{category}"
+
+
+def observation_field(result: str, score_bin: int) -> str:
+    """``ok:087``: zero-padded so that ``HGETALL`` lists the bins in order."""
+    return f"{result}:{score_bin:03d}"
 
 
 def semantic_index_name(tag: str) -> str:

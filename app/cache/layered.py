@@ -16,9 +16,10 @@ from typing import Any
 
 import msgspec
 
-from app.cache.base import CACHE_ERRORS, CacheHit, CacheLayer, CacheQuery, CorruptEntry
+from app.cache.base import CACHE_ERRORS, CacheHit, CacheLayer, CacheQuery, Candidate, CorruptEntry
 from app.cache.exact import EXACT
 from app.cache.keys import CanonicalRequest
+from app.cache.learning import AnswerLearner
 from app.cache.semantic import SEMANTIC
 from app.cache.version import StaleVersion, VersionTag
 from app.metrics import Metrics
@@ -42,10 +43,13 @@ class CachePlan(msgspec.Struct, frozen=True):
     Attributes:
         mode: The mode.
         query: The query of modes that read or write (``USE``, ``REFRESH``), else ``None``.
+        candidate: The nearest semantic candidate the lookup did not serve: once the model has
+            answered, the answers are compared and the adaptive layer learns (app/cache/learning.py).
     """
 
     mode: CacheMode
     query: CacheQuery | None = None
+    candidate: Candidate | None = None
 
     @property
     def reads(self) -> bool:
@@ -66,10 +70,13 @@ class LayeredCache:
         lookup_timeout_s: Bound on each layer's lookup; past it the request is a bypass.
         judge_timeout_s: Added to the semantic layer's bound for categories whose verification
             waits on the LLM judge.
+        learner: Learns from answered misses of adaptive categories, off the request path.
+        max_learning: Observations in flight per worker; beyond it new ones are dropped (counted).
     """
 
     def __init__(self, versions: VersionTag, layers: Sequence[CacheLayer], metrics: Metrics, *,
-                 lookup_timeout_s: float, judge_timeout_s: float = 0.0) -> None:
+                 lookup_timeout_s: float, judge_timeout_s: float = 0.0, learner: AnswerLearner | None = None,
+                 max_learning: int = 256) -> None:
         self.versions = versions
         self._layers = list(layers)
         self._by_name = {layer.name: layer for layer in self._layers}
@@ -78,6 +85,9 @@ class LayeredCache:
         self._metrics = metrics
         self._lookup_timeout_s = lookup_timeout_s
         self._judge_timeout_s = judge_timeout_s
+        self._learner = learner
+        self._max_learning = max_learning
+        self._learning: set[asyncio.Task[None]] = set()
 
     def layer(self, name: str) -> CacheLayer | None:
         return self._by_name.get(name)
@@ -111,6 +121,7 @@ class LayeredCache:
         if not plan.reads or plan.query is None:
             return plan, None
         query = plan.query
+        candidate: Candidate | None = None
         for layer in self._layers:
             try:
                 async with asyncio.timeout(self._budget(layer, query)):
@@ -124,6 +135,8 @@ class LayeredCache:
             except CACHE_ERRORS as exc:
                 self._metrics.cache_failed(layer.name, "lookup", exc)
                 return CachePlan(CacheMode.UNAVAILABLE), None
+            if isinstance(hit, Candidate):
+                candidate, hit = hit, None
             if hit is not None:
                 completion = decode_completion(hit.completion)
                 if completion is None:
@@ -133,8 +146,10 @@ class LayeredCache:
                     hit = msgspec.structs.replace(hit, decoded=completion)
             self._metrics.lookups.labels(layer.name, "hit" if hit else "miss").inc()
             if hit is not None:
+                if hit.layer == SEMANTIC:
+                    self._metrics.semantic_hits.labels(query.category.name).inc()
                 return CachePlan(plan.mode, query), hit
-        return CachePlan(plan.mode, query), None
+        return CachePlan(plan.mode, query, candidate), None
 
     def _budget(self, layer: CacheLayer, query: CacheQuery) -> float:
         # The judge is a model call: its own timeout bounds it, on top of the lookup's.
@@ -152,7 +167,7 @@ class LayeredCache:
             hit = await self._by_name[EXACT].lookup(query)
         except StaleVersion:
             return None  # invalidated while waiting: the leader's answer will not be stored
-        return None if hit is None else hit.completion
+        return hit.completion if isinstance(hit, CacheHit) else None
 
     async def store(self, plan: CachePlan, raw: bytes, completion: dict[str, Any]) -> None:
         """Write a complete answer to every layer; anything else is not cached."""
@@ -180,6 +195,35 @@ class LayeredCache:
                 self._metrics.cache_failed(layer.name, "store", exc)
                 continue
             self._metrics.stores.labels(layer.name, "stored").inc()
+        if plan.candidate is not None:
+            self._learn(query, plan.candidate, raw)
+
+    def _learn(self, query: CacheQuery, candidate: Candidate, answer: bytes) -> None:
+        """Compare the fresh answer with the candidate's in the background: nothing on the
+        request path waits on an observation; a full queue drops it rather than grow."""
+        if self._learner is None:
+            return
+        if len(self._learning) >= self._max_learning:
+            self._metrics.observations.labels(query.category.name, "dropped", "false").inc()
+            return
+        task = asyncio.create_task(self._observe(query, candidate, answer))
+        self._learning.add(task)
+        task.add_done_callback(self._learning.discard)
+
+    async def _observe(self, query: CacheQuery, candidate: Candidate, answer: bytes) -> None:
+        assert self._learner is not None
+        try:
+            same = await self._learner.observe(query, candidate, answer)
+        except CACHE_ERRORS as exc:
+            self._metrics.cache_failed("learning", "observe", exc)
+            return
+        result = "equivalent" if same else "different"
+        self._metrics.observations.labels(query.category.name, result, str(candidate.explored).lower()).inc()
+
+    async def settle(self) -> None:
+        """Wait for the observations in flight (shutdown, replays that must be deterministic)."""
+        while self._learning:
+            await asyncio.gather(*list(self._learning), return_exceptions=True)
 
     def _skip_store(self, reason: str) -> None:
         for layer in self._layers:

@@ -11,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import random
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import yaml
 from redis.asyncio import Redis
@@ -24,7 +26,7 @@ from redisvl.index import AsyncSearchIndex
 from redisvl.query import VectorQuery
 from redisvl.query.filter import FilterExpression, Tag
 
-from app.cache.base import CacheHit, CacheQuery, CorruptEntry, EmbeddingFailed
+from app.cache.base import CacheHit, CacheQuery, Candidate, CorruptEntry, EmbeddingFailed
 from app.cache.entry import CacheEntry, write_entry
 from app.cache.keys import (
     FIELD_ANSWER,
@@ -32,11 +34,14 @@ from app.cache.keys import (
     FIELD_EMBEDDING,
     FIELD_HITS,
     FIELD_QUESTION,
+    FIELD_ROOT,
     FIELD_SCOPE,
+    FIELD_WRONG_ABOVE,
     NAMESPACE,
     semantic_index_name,
     semantic_prefix,
 )
+from app.cache.learning import PooledObservations, decision_score, score_bin, within_bound
 from app.cache.verify import CandidateCheck, ThresholdVerifier
 from app.embed import Embedder
 
@@ -45,8 +50,10 @@ logger = logging.getLogger("strata.semantic")
 SEMANTIC = "semantic"
 EMBEDDER_KEY = f"{NAMESPACE}:meta:embedder"
 DISTANCE_FIELD = "vector_distance"
-# Candidates compared per lookup: the best one that passes verification is served.
+# Candidates compared per lookup: the best one that passes verification is served. Adaptive
+# categories look at more, to find the nearest document serving another answer (the margin).
 CANDIDATES = 3
+ADAPTIVE_CANDIDATES = 8
 
 
 def scope_filter(query: CacheQuery) -> FilterExpression:
@@ -62,12 +69,14 @@ class SemanticCache:
 
     def __init__(
         self, redis: Redis, embedder: Embedder, schema_path: Path, check: CandidateCheck | None = None, *,
-        memo_size: int = 4096,
+        memo_size: int = 4096, learning_refresh_s: float = 1.0,
     ) -> None:
         self._redis = redis
         self._embedder = embedder
         self._schema_template = yaml.safe_load(schema_path.read_text(encoding="utf-8"))
         self._check = check or CandidateCheck(ThresholdVerifier())
+        self.pooled = PooledObservations(redis, learning_refresh_s)
+        self._explore = random.Random()
         self._indexes: dict[str, AsyncSearchIndex] = {}
         self._index_lock = asyncio.Lock()
         # Recent question embeddings: the write-back after a miss reuses the lookup's vector.
@@ -133,7 +142,7 @@ class SemanticCache:
         knn = VectorQuery(
             vector=vector.astype(np.float32).tobytes(),
             vector_field_name=FIELD_EMBEDDING,
-            return_fields=[FIELD_QUESTION, FIELD_ANSWER],
+            return_fields=[FIELD_QUESTION, FIELD_ANSWER, FIELD_ROOT, FIELD_WRONG_ABOVE],
             filter_expression=scope_filter(query),
             num_results=limit,
             return_score=True,
@@ -150,29 +159,69 @@ class SemanticCache:
         # RediSearch's cosine distance is 1 - cosine similarity.
         return [(row["id"], 1.0 - float(row[DISTANCE_FIELD]), row) for row in rows]
 
-    async def lookup(self, query: CacheQuery) -> CacheHit | None:
+    async def lookup(self, query: CacheQuery) -> CacheHit | Candidate | None:
         question, policy = query.canonical.question, query.category.semantic
         if question is None or not policy.enabled:
             return None
         vector = await self.vector(question)
+        if policy.adaptive:
+            return await self._adaptive(query, question, await self.candidates(query, vector, ADAPTIVE_CANDIDATES))
         for key, similarity, row in await self.candidates(query, vector):
             if similarity < policy.threshold:
                 break  # most similar first: the rest are below too
-            if not row.get(FIELD_QUESTION) or not row.get(FIELD_ANSWER):
-                raise CorruptEntry(f"semantic entry {key} lacks its question or answer")
+            _check_row(key, row)
             verdict = await self._check.decide(question, row[FIELD_QUESTION], similarity, policy, query.canonical.model)
             if not verdict.accepted:
                 continue
-            await self._redis.hincrby(key, FIELD_HITS, 1)
-            answer = row[FIELD_ANSWER]
-            return CacheHit(
-                layer=self.name,
-                completion=answer.encode() if isinstance(answer, str) else answer,
-                similarity=similarity,
-                matched_question=row[FIELD_QUESTION],
-                reason=verdict.reason,
-            )
+            return await self._hit(key, row, similarity, verdict.reason)
         return None
+
+    async def _adaptive(self, query: CacheQuery, question: str, rows: list[tuple[str, float, dict[str, Any]]]) -> CacheHit | Candidate | None:
+        """An adaptive category's decision on the nearest candidate the guards let through
+        (app/cache/learning.py): served within the error bound, otherwise a candidate to learn from."""
+        policy = query.category.semantic
+        for key, similarity, row in rows:
+            if similarity < policy.threshold:
+                break
+            _check_row(key, row)
+            if self._check.guarded(question, row[FIELD_QUESTION]) is not None:
+                continue
+            root = _text(row.get(FIELD_ROOT)) or key
+            others = [s for k, s, r in rows if (_text(r.get(FIELD_ROOT)) or k) != root]
+            bin_ = score_bin(decision_score(similarity, max(others) if others else None, policy.threshold))
+            wrong_before = _milli(similarity) <= int(row.get(FIELD_WRONG_ABOVE) or -1)
+            # From accept_above a candidate that passes the guards needs no learned evidence (the
+            # category's prior); below it, the observations decide.
+            prior = similarity >= policy.accept_above
+            within = not wrong_before and (
+                prior or within_bound(await self.pooled.counts(query.version, query.category.name), bin_, policy)
+            )
+            if within and root != key:
+                # A wrong observation on any document of the entry vetoes its aliases too; read
+                # only for would-be hits, so misses cost no extra round trip.
+                wrong_before = _milli(similarity) <= int(await self._redis.hget(root, FIELD_WRONG_ABOVE) or -1)
+                within = not wrong_before
+            verdict = self._check.learned(within, wrong_before, prior)
+            answer = row[FIELD_ANSWER]
+            candidate = Candidate(key=key, root=root, question=row[FIELD_QUESTION], similarity=similarity, score_bin=bin_,
+                                  answer=answer.encode() if isinstance(answer, str) else answer)
+            if verdict.accepted and policy.explore and self._explore.random() < policy.explore:
+                return msgspec.structs.replace(candidate, explored=True)
+            if verdict.accepted:
+                return await self._hit(key, row, similarity, verdict.reason)
+            return candidate
+        return None
+
+    async def _hit(self, key: str, row: dict[str, Any], similarity: float, reason: str) -> CacheHit:
+        await self._redis.hincrby(key, FIELD_HITS, 1)
+        answer = row[FIELD_ANSWER]
+        return CacheHit(
+            layer=self.name,
+            completion=answer.encode() if isinstance(answer, str) else answer,
+            similarity=similarity,
+            matched_question=row[FIELD_QUESTION],
+            reason=reason,
+        )
 
     async def store(self, query: CacheQuery, completion: bytes) -> None:
         canonical, policy = query.canonical, query.category.semantic
@@ -180,10 +229,26 @@ class SemanticCache:
             return
         await self.index(query.version)
         vector = await self.vector(canonical.question)
+        key = semantic_prefix(query.version) + canonical.exact_digest
         entry = CacheEntry.for_query(
-            query, completion, scope=canonical.scope_digest, embedding=vector.astype(np.float32).tobytes()
+            query, completion, scope=canonical.scope_digest, embedding=vector.astype(np.float32).tobytes(), root=key
         )
-        await write_entry(self._redis, semantic_prefix(query.version) + canonical.exact_digest, entry)
+        await write_entry(self._redis, key, entry)
+
+
+def _milli(similarity: float) -> int:
+    """Similarity in thousandths, rounded down: a wrong observation recorded (rounded) at 0.823
+    vetoes every similarity up to 0.8239."""
+    return int(similarity * 1000)
+
+
+def _text(value: Any) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _check_row(key: str, row: dict[str, Any]) -> None:
+    if not row.get(FIELD_QUESTION) or not row.get(FIELD_ANSWER):
+        raise CorruptEntry(f"semantic entry {key} lacks its question or answer")
 
 
 async def index_dims(redis: Redis, name: str) -> int | None:

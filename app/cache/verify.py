@@ -46,6 +46,10 @@ ENTITIES_DIFFER = "entities_differ"
 ABOVE_BAND = "above_band"
 VERIFIED = "verifier_accepted"
 VERIFIER_REJECTED = "verifier_rejected"
+# Adaptive categories (app/cache/learning.py).
+WITHIN_BOUND = "within_bound"
+OUTSIDE_BOUND = "outside_bound"
+WRONG_BEFORE = "wrong_before"
 
 _TOKEN = re.compile(r"[a-z0-9]+(?:'[a-z]+)?|[\u3400-\u9fff]")
 _NUMBER = re.compile(r"\d+(?:\.\d+)?|[零一二两三四五六七八九十百千万亿]+(?=[个元块号日月年天次期笔张位岁%])")
@@ -341,6 +345,10 @@ class PairVerifier:
             return 0.0
         return self.model.probability_row(self.analyzer.pair_features(asked, cached, similarity))
 
+    def guard(self, asked: str, cached: str) -> str | None:
+        """The guards alone: the reason they reject the pair, or ``None``."""
+        return self.analyzer.signals(asked, cached).rejection
+
     def verify(self, asked: str, cached: str, similarity: float, policy: SemanticPolicy) -> Verdict:
         """Decide whether the answer cached for ``cached`` may serve ``asked``.
 
@@ -368,6 +376,9 @@ class PairVerifier:
 
 class ThresholdVerifier:
     """Cosine similarity against the category's threshold, nothing more (no guards, no model)."""
+
+    def guard(self, asked: str, cached: str) -> str | None:
+        return None
 
     def verify(self, asked: str, cached: str, similarity: float, policy: SemanticPolicy) -> Verdict:
         if similarity >= policy.threshold:
@@ -414,6 +425,20 @@ class CandidateCheck:
         """
         verdict = self._count(self.verifier.verify(asked, cached, similarity, policy))
         return await self.confirmed(verdict, asked, cached, policy, model)
+
+    def guarded(self, asked: str, cached: str) -> Verdict | None:
+        """The guards' rejection (counted), or ``None`` when they let the pair through."""
+        rejection = self.verifier.guard(asked, cached)
+        return None if rejection is None else self._count(Verdict(False, rejection))
+
+    def learned(self, within: bool, wrong_before: bool, prior: bool = False) -> Verdict:
+        """The verdict of an adaptive category's decision (counted): ``above_band`` when the
+        similarity alone reaches ``accept_above``, ``within_bound`` when the observations allow it."""
+        if wrong_before:
+            return self._count(Verdict(False, WRONG_BEFORE))
+        if within:
+            return self._count(Verdict(True, ABOVE_BAND if prior else WITHIN_BOUND))
+        return self._count(Verdict(False, OUTSIDE_BOUND))
 
     async def confirmed(self, verdict: Verdict, asked: str, cached: str, policy: SemanticPolicy, model: str) -> Verdict:
         """The confirm step alone: a band acceptance goes to the hook when the policy asks for it."""

@@ -1,0 +1,242 @@
+"""Semantic hits learnt from the deployment's own traffic, under an error bound (issue #10).
+
+Every miss is answered by the model anyway, so the answer the nearest cached question *would*
+have served can be compared with the fresh one, for free. That comparison is an observation:
+the candidate's decision score and whether the two answers are equivalent. Observations are
+counted atomically in Redis, on the candidate's document and pooled per category, so every
+worker and every Strata instance learns together (``redis-cli HGETALL strata:v1:obs:faq``).
+
+The decision (:func:`within_bound`): a candidate with score ``x`` is served when, among the
+category's observations with a score of at least ``x`` (the hits a threshold at ``x`` would
+serve), the Wilson upper bound of the wrong share at the category's confidence is at most
+``semantic.error_bound``; and never when its own document has a wrong observation at a
+similarity of at least its own. The score is the similarity plus half the margin over the
+nearest document of another answer (see :func:`decision_score`): a question close to a cluster
+of equivalent questions and far from any other answer is safer than its similarity alone says.
+
+When the fresh answer is equivalent to the candidate's, the new question becomes an alias of
+the candidate's entry: its own vector in the index, the entry's answer and expiry, so the next
+phrasing close to either is found. Aliases are capped per entry (``semantic.max_aliases``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from statistics import NormalDist
+
+import numpy as np
+from redis.asyncio import Redis
+
+from app.cache.base import CacheQuery, Candidate
+from app.cache.keys import (
+    FIELD_ALIASES,
+    FIELD_ANSWER,
+    FIELD_EXPIRES_AT,
+    FIELD_ROOT,
+    FIELD_WRONG_ABOVE,
+    OBS_EXPLORED_OK,
+    OBS_EXPLORED_WRONG,
+    OBS_OK,
+    OBS_WRONG,
+    normalize_text,
+    observation_field,
+    observations_key,
+    semantic_prefix,
+)
+from app.cache.verify import PairAnalyzer
+from app.embed import Embedder
+from app.policy import SemanticPolicy
+from app.wire import decode_completion
+
+logger = logging.getLogger("strata.learning")
+
+# Score bins are hundredths; a score stays below 1.5 (similarity <= 1, half a margin <= 0.5).
+BINS = 160
+MARGIN_WEIGHT = 0.5
+# Pooled observations live as long as a month without a new one (they are kept fresh by use).
+POOLED_TTL_S = 30 * 86400
+# How long a worker reuses the pooled counts it read: the hit path costs no extra round trip
+# per request, and other workers' observations arrive within this delay.
+POOLED_REFRESH_S = 1.0
+
+# Counts one observation on the document (only if it still exists: a miss must never create a
+# key without TTL) and in the category's pool; a wrong one also raises the highest wrong
+# similarity of the document and of its entry (so every alias of the entry is vetoed there).
+# KEYS: document, pool, entry. ARGV: field, wrong (0/1), similarity x1000, explored field or "", pool TTL.
+_OBSERVE = f"""
+local function raise_wrong(key)
+  if redis.call('EXISTS', key) == 0 then return end
+  local seen = tonumber(redis.call('HGET', key, '{FIELD_WRONG_ABOVE}') or '-1')
+  if tonumber(ARGV[3]) > seen then redis.call('HSET', key, '{FIELD_WRONG_ABOVE}', ARGV[3]) end
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HINCRBY', KEYS[1], ARGV[1], 1) end
+if ARGV[2] == '1' then
+  raise_wrong(KEYS[1])
+  raise_wrong(KEYS[3])
+end
+redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
+if ARGV[4] ~= '' then redis.call('HINCRBY', KEYS[2], ARGV[4], 1) end
+redis.call('EXPIRE', KEYS[2], ARGV[5])
+return 1
+"""
+
+# Turns a freshly stored document into an alias of an entry: the entry's answer and expiry,
+# counted against its cap. KEYS: the new document, the entry. ARGV: the cap.
+_ALIAS = f"""
+if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
+if KEYS[1] == KEYS[2] then return 0 end
+local count = redis.call('HINCRBY', KEYS[2], '{FIELD_ALIASES}', 1)
+if count > tonumber(ARGV[1]) then
+  redis.call('HINCRBY', KEYS[2], '{FIELD_ALIASES}', -1)
+  return -1
+end
+local answer = redis.call('HGET', KEYS[2], '{FIELD_ANSWER}')
+local expires = redis.call('HGET', KEYS[2], '{FIELD_EXPIRES_AT}')
+redis.call('HSET', KEYS[1], '{FIELD_ROOT}', KEYS[2], '{FIELD_ANSWER}', answer, '{FIELD_EXPIRES_AT}', expires)
+redis.call('EXPIREAT', KEYS[1], expires)
+return 1
+"""
+
+
+def decision_score(similarity: float, other_answer_similarity: float | None, floor: float) -> float:
+    """Similarity plus half its margin over the nearest document serving another answer (the
+    band's floor when none is among the candidates)."""
+    nearest_other = floor if other_answer_similarity is None else max(other_answer_similarity, floor)
+    return similarity + MARGIN_WEIGHT * max(0.0, similarity - nearest_other)
+
+
+def score_bin(score: float) -> int:
+    return max(0, min(BINS - 1, int(score * 100)))
+
+
+def wilson_upper(wrong: float, total: float, z: float) -> float:
+    """Upper Wilson bound of a wrong share, ``z`` standard errors up; 1.0 with no observations."""
+    if total <= 0:
+        return 1.0
+    p = wrong / total
+    centre = p + z * z / (2 * total)
+    spread = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total))
+    return min(1.0, (centre + spread) / (1 + z * z / total))
+
+
+def z_of(confidence: float) -> float:
+    """One-sided z of a confidence level (0.85 -> 1.04)."""
+    return NormalDist().inv_cdf(confidence)
+
+
+class PooledCounts:
+    """A category's pooled observations as suffix sums: ``ok[b]`` is the number of equivalent
+    observations with a score bin of at least ``b``."""
+
+    def __init__(self, fields: dict[str, int]) -> None:
+        ok, wrong = np.zeros(BINS + 1), np.zeros(BINS + 1)
+        for name, count in fields.items():
+            kind, _, number = name.partition(":")
+            if number.isdigit() and int(number) < BINS:
+                (ok if kind == OBS_OK else wrong if kind == OBS_WRONG else np.zeros(BINS + 1))[int(number)] += count
+        self.ok = np.cumsum(ok[::-1])[::-1]
+        self.wrong = np.cumsum(wrong[::-1])[::-1]
+        self.explored_ok = fields.get(OBS_EXPLORED_OK, 0)
+        self.explored_wrong = fields.get(OBS_EXPLORED_WRONG, 0)
+
+    def at_or_above(self, bin_: int) -> tuple[int, int]:
+        """(wrong, total) of the observations at this score bin or higher."""
+        wrong = int(self.wrong[bin_])
+        return wrong, wrong + int(self.ok[bin_])
+
+
+class PooledObservations:
+    """Reads pooled counts per (version, category), reusing them for ``POOLED_REFRESH_S``."""
+
+    def __init__(self, redis: Redis, refresh_s: float = POOLED_REFRESH_S) -> None:
+        self._redis = redis
+        self._refresh_s = refresh_s
+        self._cache: dict[str, tuple[float, PooledCounts]] = {}
+
+    async def counts(self, tag: str, category: str) -> PooledCounts:
+        key = observations_key(tag, category)
+        now = time.monotonic()
+        cached = self._cache.get(key)
+        if cached is not None and now - cached[0] < self._refresh_s:
+            return cached[1]
+        raw = await self._redis.hgetall(key)
+        counts = PooledCounts({k.decode() if isinstance(k, bytes) else k: int(v) for k, v in raw.items()})
+        self._cache[key] = (now, counts)
+        return counts
+
+    def forget(self, tag: str, category: str) -> None:
+        self._cache.pop(observations_key(tag, category), None)
+
+
+def within_bound(counts: PooledCounts, bin_: int, policy: SemanticPolicy) -> bool:
+    """Whether the category's observations at this score or above keep wrong hits under the bound."""
+    assert policy.error_bound is not None
+    wrong, total = counts.at_or_above(bin_)
+    return wilson_upper(wrong, total, z_of(policy.confidence)) <= policy.error_bound
+
+
+def answer_text(completion: bytes) -> str | None:
+    decoded = decode_completion(completion)
+    if decoded is None:
+        return None
+    content = decoded["choices"][0]["message"].get("content")
+    return content if isinstance(content, str) else None
+
+
+class AnswerLearner:
+    """Turns each answered miss with a candidate into an observation, and maybe an alias.
+
+    Args:
+        redis: The Redis the cache lives in.
+        embedder: Embeds answers to compare them (on its worker thread).
+        analyzer: Content words and numbers of answers (the verification lexicon's).
+    """
+
+    def __init__(self, redis: Redis, embedder: Embedder, analyzer: PairAnalyzer | None) -> None:
+        self._redis = redis
+        self._embedder = embedder
+        self._analyzer = analyzer
+        self._observe = redis.register_script(_OBSERVE)
+        self._alias = redis.register_script(_ALIAS)
+
+    async def equivalent(self, cached: bytes, fresh: bytes, policy: SemanticPolicy) -> bool:
+        """Whether two answers say the same: equal once normalised; else the same numbers and
+        either embeddings at least ``answer_threshold`` alike or the shorter answer's content
+        words at least ``answer_overlap`` found in the other."""
+        first, second = answer_text(cached), answer_text(fresh)
+        if first is None or second is None:
+            return False
+        first, second = normalize_text(first).lower(), normalize_text(second).lower()
+        if first == second:
+            return True
+        if self._analyzer is not None:
+            a, b = self._analyzer.profile(first), self._analyzer.profile(second)
+            if a.numbers != b.numbers:
+                return False
+            smaller = min(len(a.tokens), len(b.tokens))
+            if smaller and len(a.tokens & b.tokens) / smaller >= policy.answer_overlap:
+                return True
+        vectors = await self._embedder.embed([first, second])
+        return float(vectors[0] @ vectors[1]) >= policy.answer_threshold
+
+    async def observe(self, query: CacheQuery, candidate: Candidate, fresh: bytes) -> bool:
+        """Record what the candidate would have been worth; alias the new question to it when
+        the answers are equivalent.
+
+        Returns:
+            Whether the answers were equivalent.
+        """
+        policy = query.category.semantic
+        same = await self.equivalent(candidate.answer, fresh, policy)
+        field = observation_field(OBS_OK if same else OBS_WRONG, candidate.score_bin)
+        explored = (OBS_EXPLORED_OK if same else OBS_EXPLORED_WRONG) if candidate.explored else ""
+        await self._observe(
+            keys=[candidate.key, observations_key(query.version, query.category.name), candidate.root],
+            args=[field, "0" if same else "1", int(round(candidate.similarity * 1000)), explored, POOLED_TTL_S],
+        )
+        if same and policy.max_aliases > 0:
+            new_key = semantic_prefix(query.version) + query.canonical.exact_digest
+            await self._alias(keys=[new_key, candidate.root], args=[policy.max_aliases])
+        return same

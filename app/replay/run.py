@@ -1,0 +1,160 @@
+"""Sending a stream to Strata and tallying what it did: hits by layer, wrong hits (an answer
+generated for another label), upstream calls, and the learning curve per window."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import msgspec
+
+from app.replay.streams import Request
+
+LAYERS = ("exact-hit", "semantic-hit", "miss", "bypass")
+
+
+class Poster(Protocol):
+    """What the replay needs of an HTTP client (httpx's or Litestar's test client)."""
+
+    async def post(self, url: str, *, json: Any, headers: dict[str, str]) -> Any: ...
+
+
+@dataclass
+class Outcome:
+    layer: str
+    label: str
+    served_label: str | None  # the label whose miss produced the served answer (hits only)
+    seconds: float
+    text: str = ""
+    similarity: float | None = None
+
+    @property
+    def wrong(self) -> bool:
+        return self.layer.endswith("-hit") and self.served_label is not None and self.served_label != self.label
+
+
+@dataclass
+class Report:
+    """What a replay measured."""
+
+    outcomes: list[Outcome] = field(default_factory=list)
+    errors: int = 0
+
+    def count(self, layer: str, part: Sequence[Outcome] | None = None) -> int:
+        return sum(1 for o in (self.outcomes if part is None else part) if o.layer == layer)
+
+    def wrong(self, layer: str, part: Sequence[Outcome] | None = None) -> int:
+        return sum(1 for o in (self.outcomes if part is None else part) if o.layer == layer and o.wrong)
+
+    def windows(self, size: int) -> list[dict[str, Any]]:
+        rows = []
+        for start in range(0, len(self.outcomes), size):
+            part = self.outcomes[start : start + size]
+            semantic = self.count("semantic-hit", part)
+            rows.append({
+                "requests": f"{start + 1}-{start + len(part)}",
+                "exact": self.count("exact-hit", part) / len(part),
+                "semantic": semantic / len(part),
+                "semantic_wrong": self.wrong("semantic-hit", part) / semantic if semantic else 0.0,
+                "upstream": self.count("miss", part) + self.count("bypass", part),
+            })
+        return rows
+
+    def summary(self, window: int) -> str:
+        total = len(self.outcomes)
+        lines = [f"requests: {total}, errors: {self.errors}"]
+        for layer in LAYERS:
+            n = self.count(layer)
+            lines.append(f"  {layer:<13} {n:>6}  {n / max(1, total):7.2%}")
+        semantic, exact = self.count("semantic-hit"), self.count("exact-hit")
+        lines.append(f"wrong hits: semantic {self.wrong('semantic-hit')} of {semantic} "
+                     f"({self.wrong('semantic-hit') / max(1, semantic):.2%}), exact {self.wrong('exact-hit')} of {exact}")
+        lines.append(f"upstream calls: {self.count('miss') + self.count('bypass')}")
+        lines.append(f"learning curve (per {window} requests): window, exact, semantic, wrong share of semantic, upstream")
+        for row in self.windows(window):
+            lines.append(f"  {row['requests']:>11}  {row['exact']:6.1%}  {row['semantic']:6.1%}  "
+                         f"{row['semantic_wrong']:6.2%}  {row['upstream']:>5}")
+        lines.append(f"semantic={semantic / max(1, total):.4f} wrong_of_semantic={self.wrong('semantic-hit') / max(1, semantic):.4f} "
+                     f"exact={exact / max(1, total):.4f} upstream={self.count('miss') + self.count('bypass')}")
+        return "\n".join(lines)
+
+    def to_json(self, window: int) -> bytes:
+        total = max(1, len(self.outcomes))
+        return msgspec.json.format(msgspec.json.encode({
+            "requests": len(self.outcomes), "errors": self.errors,
+            "layers": {layer: self.count(layer) / total for layer in LAYERS},
+            "semantic_wrong": self.wrong("semantic-hit"), "exact_wrong": self.wrong("exact-hit"),
+            "windows": self.windows(window),
+            "wrong_hits": [{"index": i, "text": o.text, "label": o.label, "served_label": o.served_label,
+                            "layer": o.layer, "similarity": o.similarity}
+                           for i, o in enumerate(self.outcomes) if o.wrong],
+        }), indent=1)
+
+
+def _content(body: Any) -> str | None:
+    try:
+        return body["choices"][0]["message"]["content"]
+    except (KeyError, IndexError, TypeError):
+        return None
+
+
+async def replay(stream: Sequence[Request], client: Poster, *, model: str, category: str,
+                 after_each: Callable[[], Awaitable[None]] | None = None) -> Report:
+    """Send the stream one request at a time and tally the outcomes.
+
+    Args:
+        stream: The requests.
+        client: An HTTP client whose base URL is Strata.
+        model: The model to name.
+        category: The cache category to ask in (``X-Cache-Category``).
+        after_each: Awaited after every request (a simulation lets observations settle, so
+            that a replay gives the same counts every time).
+    """
+    report = Report()
+    produced: dict[str, str] = {}  # answer text -> the label of the miss that produced it
+    headers = {"X-Cache-Category": category}
+    for request in stream:
+        body = {"model": model, "messages": [{"role": "user", "content": request.text}]}
+        started = time.perf_counter()
+        response = await client.post("/v1/chat/completions", json=body, headers=headers)
+        seconds = time.perf_counter() - started
+        if response.status_code != 200:
+            report.errors += 1
+            continue
+        layer = response.headers.get("x-cache", "miss")
+        content = _content(response.json())
+        if layer in ("miss", "bypass") and content is not None:
+            produced.setdefault(content, request.label)
+        served = produced.get(content) if layer.endswith("-hit") and content is not None else None
+        similarity = response.headers.get("x-cache-similarity")
+        report.outcomes.append(Outcome(layer=layer, label=request.label, served_label=served, seconds=seconds,
+                                       text=request.text, similarity=float(similarity) if similarity else None))
+        if after_each is not None:
+            await after_each()
+    return report
+
+
+def plot(report: Report, window: int, output: Path, title: str) -> None:
+    """The learning curve: semantic and exact hit rates and the wrong share per window."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = report.windows(window)
+    x = [(i + 1) * window for i in range(len(rows))]
+    figure, axis = plt.subplots(figsize=(7, 4.5), dpi=110)
+    axis.plot(x, [100 * r["semantic"] for r in rows], marker="o", label="semantic hits, % of requests")
+    axis.plot(x, [100 * r["exact"] for r in rows], marker="s", label="exact hits, % of requests")
+    axis.plot(x, [100 * r["semantic_wrong"] for r in rows], marker="x", color="red",
+              label="wrong semantic hits, % of semantic hits")
+    axis.axhline(1.0, color="grey", linestyle=":", linewidth=1, label="1%")
+    axis.set(xlabel="requests so far (end of window)", ylabel="%", title=title, ylim=(0, 100))
+    axis.legend(loc="upper left")
+    figure.tight_layout()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(output)
+    plt.close(figure)

@@ -1,0 +1,188 @@
+"""What ``strata replay --simulate`` runs in process: an own Redis Stack on a free port, and an
+upstream that answers one answer per label, worded differently each time it is asked.
+
+The test suite uses the same pieces (``ServerThread``, ``own_redis_stack``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import msgspec
+import uvicorn
+from litestar import Litestar, Request, get, post
+
+from app.cache.keys import normalize_text
+from app.settings import PROJECT_ROOT, Settings
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServerThread:
+    """Serve an ASGI app with uvicorn on 127.0.0.1 in a background thread."""
+
+    def __init__(self, app: Any, port: int | None = None) -> None:
+        self.port = port or free_port()
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on", loop="asyncio")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> ServerThread:
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("server did not start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+@contextmanager
+def own_redis_stack(port: int | None = None, maxmemory: str = "256mb") -> Iterator[str]:
+    """A Redis Stack of its own on a free port (never 6380), with a temporary data folder."""
+    port = port or free_port()
+    if port == 6380:
+        raise ValueError("6380 is the make-up Redis: never used for a private one")
+    data = tempfile.mkdtemp(prefix="strata-redis-")
+    env = {"STACK_REDIS_PORT": str(port), "STACK_REDIS_DIR": data, "STACK_REDIS_MAXMEMORY": maxmemory}
+    launcher = str(PROJECT_ROOT / "redis-stack" / "redis-stack.sh")
+    env = {**os.environ, **env}
+    subprocess.run([launcher, "start"], check=True, env=env, capture_output=True, text=True)
+    try:
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        subprocess.run([launcher, "stop"], env=env, capture_output=True, check=False)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+# How the simulated model words an answer: the same facts, said differently each time.
+_WORDINGS = (
+    "For {topic}, follow guide {number} in section {section}.",
+    "Follow guide {number} in section {section} for {topic}.",
+    "Regarding {topic}: see guide {number}, section {section}.",
+    "{Topic} is covered by guide {number} in section {section}.",
+)
+
+
+class LabelledUpstream:
+    """An OpenAI-compatible upstream that knows the label of every question of a stream.
+
+    Each label has one answer (its own guide number), worded by turns in one of four ways; a
+    question it does not know gets an answer of its own.
+
+    Args:
+        labels: The label of each question text (normalised as Strata normalises).
+    """
+
+    def __init__(self, labels: dict[str, str]) -> None:
+        self._labels = labels
+        self._numbers = {label: 1000 + i for i, label in enumerate(sorted(set(labels.values())))}
+        self._asked: dict[str, int] = defaultdict(int)
+        self.calls = 0
+
+    def answer(self, question: str) -> str:
+        label = self._labels.get(normalize_text(question), f"unknown:{question}")
+        number = self._numbers.get(label) or 100_000 + len(self._numbers) + self._asked[label]
+        if label not in self._numbers:
+            self._numbers[label] = number
+        turn = self._asked[label]
+        self._asked[label] += 1
+        topic = label.split(":", 1)[-1].replace("_", " ")[:60]
+        section = chr(65 + number % 26)
+        wording = _WORDINGS[turn % len(_WORDINGS)]
+        return wording.format(topic=topic, Topic=topic[:1].upper() + topic[1:], number=number, section=section)
+
+    def app(self) -> Litestar:
+        upstream = self
+
+        @post("/v1/chat/completions", status_code=200)
+        async def chat(request: Request) -> bytes:
+            body = msgspec.json.decode(await request.body())
+            upstream.calls += 1
+            question = body["messages"][-1].get("content") or ""
+            content = upstream.answer(question if isinstance(question, str) else "")
+            return msgspec.json.encode({
+                "id": f"chatcmpl-sim{upstream.calls}", "object": "chat.completion", "created": 1700000000,
+                "model": body["model"],
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "logprobs": None,
+                             "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 10, "completion_tokens": len(content.split()), "total_tokens": 10},
+            })
+
+        @get("/v1/models")
+        async def models() -> dict[str, Any]:
+            return {"object": "list", "data": [{"id": "simulated", "object": "model", "owned_by": "strata"}]}
+
+        return Litestar([chat, models])
+
+
+def run_simulated(stream: list[Any], *, settings: Settings, category: str, encoder: Any = None) -> Any:
+    """Replay a stream through an in-process Strata over an own, empty Redis Stack and the
+    labelled upstream; observations settle after every request, so the counts are the same
+    on every run of the same stream.
+
+    Args:
+        stream: The requests (``app.replay.streams.Request``).
+        settings: The settings to start from (policy file, embedder); Redis, upstream and
+            timing settings are the simulation's own.
+        category: The category to ask in.
+        encoder: An already loaded embedding model (tests share one).
+
+    Returns:
+        The ``app.replay.run.Report``.
+    """
+    import asyncio
+
+    import httpx
+
+    from app.asgi import create_app
+    from app.replay.run import replay
+
+    for noisy in ("httpx", "httpx2"):  # one line per request otherwise
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    upstream = LabelledUpstream({normalize_text(r.text): r.label for r in stream})
+    with own_redis_stack() as redis_url, ServerThread(upstream.app()) as model_server:
+        simulated = msgspec.structs.replace(
+            settings,
+            log_level="warning",
+            keys_file="",
+            # Wall-clock bounds would make a slow moment a bypass: the simulation counts decisions.
+            lookup_timeout_s=30.0,
+            redis=msgspec.structs.replace(settings.redis, url=redis_url, timeout_s=5.0),
+            upstream=msgspec.structs.replace(settings.upstream, url=model_server.url + "/v1", max_retries=0),
+            semantic=msgspec.structs.replace(settings.semantic, enabled=True, learning_refresh_s=0.0),
+        )
+        app = create_app(simulated, encoder=encoder)
+
+        async def go() -> Any:
+            # The app on this very event loop (ASGI, no socket), so the replay can let its
+            # background observations settle between requests.
+            async with app.lifespan(), httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                                         base_url="http://strata", timeout=60) as client:
+                cache = app.state.resources.cache
+                return await replay(stream, client, model="simulated", category=category, after_each=cache.settle)
+
+        return asyncio.run(go())

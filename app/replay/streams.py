@@ -1,0 +1,141 @@
+"""Replay streams: one request per line, ``{"text": ..., "label": ...}``; one label, one answer.
+
+Built deterministically (seeded) from the shared data: CLINC150 intents (Zipf over intents, a
+fresh utterance of the intent each time while any is left; out-of-scope queries are each their
+own label) and AFQMC positives chained into clusters of questions with one answer.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import random
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.cache.keys import normalize_text
+
+
+class StreamFileError(ValueError):
+    """A stream file that cannot be used; the message is one line for the user."""
+
+
+@dataclass(frozen=True)
+class Request:
+    text: str
+    label: str
+
+
+def zipf_stream(groups: dict[str, list[str]], requests: int, seed: int, exponent: float = 1.0) -> list[Request]:
+    """Requests drawn by group with Zipf weights over a seeded order of groups; each draw takes
+    the group's next unused text while any is left, then a random one of them again."""
+    rng = random.Random(seed)
+    names = sorted(groups)
+    rng.shuffle(names)
+    pools = {name: rng.sample(groups[name], len(groups[name])) for name in names}
+    weights = [1.0 / (rank + 1) ** exponent for rank in range(len(names))]
+    used: dict[str, int] = defaultdict(int)
+    out = []
+    for _ in range(requests):
+        name = rng.choices(names, weights)[0]
+        pool, position = pools[name], used[name]
+        used[name] += 1
+        out.append(Request(text=pool[position] if position < len(pool) else rng.choice(pool), label=name))
+    return out
+
+
+def clinc_stream(path: Path, requests: int = 3000, seed: int = 0, oos_share: float = 0.0,
+                 domain_intents: int = 0) -> list[Request]:
+    """A CLINC150 stream: in-scope intents by Zipf; with ``oos_share`` that share of requests is
+    out of scope, each its own label. ``domain_intents`` > 0 keeps only that many intents (a
+    narrower bot)."""
+    groups: dict[str, list[str]] = defaultdict(list)
+    out_of_scope = []
+    with path.open(encoding="utf-8-sig", newline="") as handle:
+        for row in csv.DictReader(handle):
+            text = normalize_text(row["text"])
+            if row["intent"] == "oos":
+                out_of_scope.append(text)
+            else:
+                groups[row["intent"]].append(text)
+    if domain_intents:
+        keep = sorted(groups)[:domain_intents]
+        groups = defaultdict(list, {name: groups[name] for name in keep})
+    stream = zipf_stream(groups, requests, seed)
+    if oos_share > 0:
+        rng = random.Random(seed + 1)
+        pool = rng.sample(sorted(set(out_of_scope)), len(set(out_of_scope)))
+        for i in range(len(stream)):
+            if pool and rng.random() < oos_share:
+                text = pool.pop()
+                stream[i] = Request(text=text, label=f"oos:{text}")
+    return stream
+
+
+def pairs_stream(path: Path, requests: int = 3000, seed: int = 0, min_cluster: int = 3) -> list[Request]:
+    """A stream from positive paraphrase pairs (AFQMC ``label`` 1) chained into clusters: every
+    question linked by a positive pair shares its cluster's answer."""
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        parent.setdefault(x, x)
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    with path.open(encoding="utf-8-sig", newline="") as handle:
+        for row in csv.DictReader(handle):
+            if row["label"].strip() == "1":
+                a, b = find(normalize_text(row["sentence1"])), find(normalize_text(row["sentence2"]))
+                if a != b:
+                    parent[max(a, b)] = min(a, b)
+    groups: dict[str, list[str]] = defaultdict(list)
+    for text in list(parent):
+        groups[find(text)].append(text)
+    kept = {f"cluster-{i}": sorted(texts) for i, (_, texts) in enumerate(sorted(groups.items())) if len(texts) >= min_cluster}
+    return zipf_stream(kept, requests, seed)
+
+
+def write_stream(stream: list[Request], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"text": r.text, "label": r.label}, ensure_ascii=False) + "\n" for r in stream),
+                    encoding="utf-8")
+
+
+def read_stream(path: Path) -> list[Request]:
+    """Read a JSONL (``{"text", "label"}`` per line) or CSV (``text,label`` header) stream.
+
+    Raises:
+        StreamFileError: Unreadable, malformed, a missing field, or no requests.
+    """
+    try:
+        raw = path.read_bytes().decode("utf-8-sig")
+    except OSError as exc:
+        raise StreamFileError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise StreamFileError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
+    stream = []
+    if path.suffix.lower() == ".csv":
+        reader = csv.DictReader(io.StringIO(raw))
+        if not {"text", "label"} <= set(reader.fieldnames or []):
+            raise StreamFileError(f"{path}: the header must have text and label")
+        rows = [(line, row) for line, row in enumerate(reader, start=2)]
+    else:
+        rows = []
+        for line, text in enumerate(raw.splitlines(), start=1):
+            if not text.strip():
+                continue
+            try:
+                rows.append((line, json.loads(text)))
+            except json.JSONDecodeError as exc:
+                raise StreamFileError(f"{path}:{line}: not JSON: {exc.msg}") from exc
+    for line, row in rows:
+        if not isinstance(row, dict) or not str(row.get("text") or "").strip() or not str(row.get("label") or "").strip():
+            raise StreamFileError(f"{path}:{line}: needs a non-empty text and label")
+        stream.append(Request(text=str(row["text"]).strip(), label=str(row["label"]).strip()))
+    if not stream:
+        raise StreamFileError(f"{path}: no requests")
+    return stream

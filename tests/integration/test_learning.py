@@ -1,0 +1,158 @@
+"""The adaptive semantic layer against real Redis Stack, the real embedder and the fake upstream:
+observations, the per-entry veto, aliases (scope, cap, expiry, version bump), two workers, and
+`strata replay --simulate`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from app.replay.simulate import run_simulated
+from app.replay.streams import Request
+from app.settings import Settings
+from tests.integration.conftest import ADMIN_TOKEN, strata_settings
+from tests.support import FakeUpstream, ask, serve_strata
+
+LEARN = {"X-Cache-Category": "learn"}
+POOL = "strata:v1:obs:learn"
+REFUND = "To get a refund, open the order page and press Refund; see guide 12."
+PROGRESS = "Refund progress is on the order page under Status, updated within 3 days; see guide 40."
+
+
+@pytest.fixture(scope="module")
+def learning_strata(redis_url: str, fake_upstream: FakeUpstream, use_encoder: Any) -> Iterator[str]:
+    settings = strata_settings(redis_url, fake_upstream.url, semantic_enabled=True, learning_refresh_s=0.0)
+    with serve_strata(settings, use_encoder) as server:
+        yield server.url
+
+
+@pytest.fixture
+def strata(learning_strata: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream) -> str:
+    fake_upstream.reset()
+    return learning_strata
+
+
+def eventually(check: Callable[[], Any], timeout: float = 5.0) -> Any:
+    """Observations are written in the background: wait for them."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.05)
+
+
+def pool_counts(redis_sync: redis.Redis) -> dict[str, int]:
+    return {k.decode(): int(v) for k, v in redis_sync.hgetall(POOL).items()}
+
+
+def sem_doc(redis_sync: redis.Redis, question: str) -> tuple[str, dict[str, bytes]]:
+    for key in redis_sync.scan_iter(match="strata:v1:sem:*"):
+        fields = redis_sync.hgetall(key)
+        if fields.get(b"question") == question.encode():
+            return key.decode(), {k.decode(): v for k, v in fields.items()}
+    raise AssertionError(f"no semantic document for {question!r}")
+
+
+def forget_question(redis_sync: redis.Redis, question: str) -> None:
+    """Drop both layers' entries of one question, so it is looked up again semantically."""
+    for pattern in ("strata:v1:sem:*", "strata:v1:exact:*"):
+        for key in redis_sync.scan_iter(match=pattern):
+            if redis_sync.hget(key, "question") == question.encode():
+                redis_sync.delete(key)
+
+
+def seed_pool(redis_sync: redis.Redis) -> None:
+    """Plenty of clean observations at every score: the category's bound passes everywhere."""
+    redis_sync.hset(POOL, mapping={f"ok:{b:03d}": 1000 for b in range(50, 160)})
+
+
+def test_an_answered_miss_is_an_observation_and_an_equivalent_answer_an_alias(
+        strata: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream) -> None:
+    fake_upstream.answers.update({"怎么申请退款": REFUND, "退款怎么申请": "Open the order page and press Refund (guide 12)."})
+    assert ask(strata, "怎么申请退款", headers=LEARN).headers["x-cache"] == "miss"
+    # No evidence yet: the nearest candidate is not served, the model answers and Strata learns.
+    assert ask(strata, "退款怎么申请", headers=LEARN).headers["x-cache"] == "miss"
+    counts = eventually(lambda: pool_counts(redis_sync))
+    assert sum(v for k, v in counts.items() if k.startswith("ok:")) == 1 and not any(k.startswith("wrong:") for k in counts)
+    entry_key, entry = sem_doc(redis_sync, "怎么申请退款")
+    alias_key, alias = eventually(lambda: (d := sem_doc(redis_sync, "退款怎么申请"))[1].get("root") == entry_key.encode() and d)
+    assert alias["answer"] == entry["answer"] and alias["scope"] == entry["scope"]  # the entry's answer, same scope
+    assert int(redis_sync.hget(entry_key, "aliases")) == 1
+    ok_field = next(k for k in counts if k.startswith("ok:"))
+    assert int(redis_sync.hget(entry_key, ok_field)) == 1  # counted on the candidate and in the pool
+    assert abs(redis_sync.ttl(alias_key) - redis_sync.ttl(entry_key)) <= 1  # it expires with its entry
+    assert redis_sync.ttl(POOL) > 0  # the pool has a TTL too: eviction and sweeps can reach it
+
+
+def test_a_wrong_observation_at_a_similarity_vetoes_serving_there(
+        strata: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream) -> None:
+    fake_upstream.answers.update({"怎么申请退款": REFUND, "怎么查询退款进度": PROGRESS})
+    ask(strata, "怎么申请退款", headers=LEARN)
+    assert ask(strata, "怎么查询退款进度", headers=LEARN).headers["x-cache"] == "miss"
+    entry_key, _ = sem_doc(redis_sync, "怎么申请退款")
+    wrong_at = eventually(lambda: redis_sync.hget(entry_key, "wrong_above"))
+    assert wrong_at is not None and any(k.startswith("wrong:") for k in pool_counts(redis_sync))
+    # Now the category's evidence says "serve anywhere"; the entry's own wrong observation still says no.
+    seed_pool(redis_sync)
+    forget_question(redis_sync, "怎么查询退款进度")
+    again = ask(strata, "怎么查询退款进度", headers=LEARN)
+    assert again.headers["x-cache"] == "miss" and again.json()["choices"][0]["message"]["content"] == PROGRESS
+    # A paraphrase above the wrong similarity is served: the veto is where the entry was wrong.
+    served = ask(strata, "怎么申请退款呢", headers=LEARN)
+    assert served.headers["x-cache"] == "semantic-hit" and served.headers["x-cache-verdict"] == "within_bound"
+    assert float(served.headers["x-cache-similarity"]) * 1000 > int(wrong_at)
+
+
+def test_aliases_are_scoped_capped_and_go_with_a_version_bump(
+        strata: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream) -> None:
+    variants = ["怎么申请退款", "退款怎么申请", "如何申请退款", "申请退款怎么弄"]
+    fake_upstream.answers.update({v: REFUND for v in variants})
+    for question in variants:
+        ask(strata, question, headers=LEARN)
+        time.sleep(0.2)  # one observation at a time: each paraphrase meets the aliases before it
+    entry_key, _ = sem_doc(redis_sync, variants[0])
+    assert eventually(lambda: int(redis_sync.hget(entry_key, "aliases") or 0) == 2)  # max_aliases: 2
+    roots = [sem_doc(redis_sync, v)[1].get("root") for v in variants]
+    assert sum(1 for r in roots if r == entry_key.encode()) == 3  # the entry itself and its two aliases
+    # Another scope (its own system prompt) sees none of them.
+    other = ask(strata, "退款怎么申请", headers=LEARN, system="another bot")
+    assert other.headers["x-cache"] == "miss"
+    response = httpx.post(strata + "/admin/cache/invalidate", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    assert response.status_code == 200
+    assert eventually(lambda: not list(redis_sync.scan_iter(match="strata:v1:*")), timeout=10)
+
+
+def test_observations_of_two_workers_add_up(redis_url: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream,
+                                            use_encoder: Any) -> None:
+    fake_upstream.reset()
+    questions = ["怎么申请退款", "退款怎么申请", "如何申请退款"]
+    fake_upstream.answers.update({q: REFUND for q in questions})
+    settings = strata_settings(redis_url, fake_upstream.url, semantic_enabled=True, learning_refresh_s=0.0)
+    with serve_strata(settings, use_encoder) as one, serve_strata(settings, use_encoder) as two:
+        ask(one.url, questions[0], headers=LEARN)
+        ask(one.url, questions[1], headers=LEARN)
+        eventually(lambda: sum(pool_counts(redis_sync).values()) == 1)
+        ask(two.url, questions[2], headers=LEARN)
+        counts = eventually(lambda: (c := pool_counts(redis_sync)) and sum(c.values()) == 2 and c)
+    assert counts and sum(counts.values()) == 2
+
+
+def test_replay_simulate_gives_the_same_counts_twice(tmp_path: Path, use_encoder: Any) -> None:
+    stream = [Request(text=t, label=label) for t, label in [
+        ("how do i reset my pin", "pin"), ("i need to change my pin", "pin"), ("what is my balance", "balance"),
+        ("how much money do i have", "balance"), ("change my pin number please", "pin"), ("what is my balance", "balance"),
+        ("show my account balance", "balance"), ("please reset the pin on my card", "pin"),
+    ] * 3]
+    settings = Settings.from_flat({"policy_file": "tests/fixtures/policy.yaml", "log_level": "warning"})
+    first = run_simulated(stream, settings=settings, category="learn", encoder=use_encoder)
+    second = run_simulated(stream, settings=settings, category="learn", encoder=use_encoder)
+    assert [o.layer for o in first.outcomes] == [o.layer for o in second.outcomes]
+    assert first.count("exact-hit") >= 10 and first.errors == 0
+    assert first.wrong("exact-hit") == 0

@@ -1,0 +1,74 @@
+"""The adaptive decision's arithmetic: score, bins, the Wilson bound, pooled counts, answer equivalence."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+import numpy as np
+import pytest
+
+from app.cache.learning import (
+    AnswerLearner,
+    PooledCounts,
+    decision_score,
+    score_bin,
+    wilson_upper,
+    within_bound,
+)
+from app.cache.verify import Lexicon, PairAnalyzer
+from app.policy import SemanticPolicy
+from app.settings import PROJECT_ROOT
+
+ADAPTIVE = SemanticPolicy(threshold=0.6, error_bound=0.01, confidence=0.85)
+
+
+def test_score_adds_half_the_margin_over_the_nearest_other_answer() -> None:
+    assert decision_score(0.9, 0.7, 0.6) == pytest.approx(1.0)
+    assert decision_score(0.9, None, 0.6) == pytest.approx(1.05)  # no other answer near: floor
+    assert decision_score(0.9, 0.95, 0.6) == pytest.approx(0.9)  # never below the similarity
+    assert score_bin(0.873) == 87 and score_bin(9.0) == 159 and score_bin(-1.0) == 0
+
+
+def test_wilson_upper_bound() -> None:
+    assert wilson_upper(0, 0, 1.0) == 1.0
+    assert wilson_upper(0, 100, 1.04) > 0.01 > wilson_upper(0, 120, 1.04)  # about z^2 / delta clean observations
+    assert wilson_upper(5, 100, 1.0) > 0.05
+
+
+def test_pooled_counts_are_suffix_sums_and_the_bound_needs_evidence() -> None:
+    counts = PooledCounts({"ok:090": 150, "ok:080": 100, "wrong:070": 3, "explored_ok": 4})
+    assert counts.at_or_above(90) == (0, 150) and counts.at_or_above(80) == (0, 250)
+    assert counts.at_or_above(70) == (3, 253) and counts.explored_ok == 4
+    assert within_bound(counts, 90, ADAPTIVE) and within_bound(counts, 80, ADAPTIVE)
+    assert not within_bound(counts, 70, ADAPTIVE)  # 3 wrong of 253: above 1%
+    assert not within_bound(PooledCounts({"ok:090": 30}), 90, ADAPTIVE)  # too few observations
+
+
+def completion(text: str) -> bytes:
+    return msgspec.json.encode({"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]})
+
+
+class _Embedder:
+    name, dims = "fake", 2
+
+    async def embed(self, texts: list[str]) -> np.ndarray:
+        return np.array([[1.0, 0.0] if "refund" in t else [0.0, 1.0] for t in texts])  # orthogonal topics
+
+
+def test_answer_equivalence_ignores_wording_not_numbers() -> None:
+    analyzer = PairAnalyzer(Lexicon.load(PROJECT_ROOT / "schemas" / "verification.yaml"))
+    learner = AnswerLearner(redis=_NoRedis(), embedder=_Embedder(), analyzer=analyzer)  # type: ignore[arg-type]
+
+    def same(a: str, b: str) -> bool:
+        return asyncio.run(learner.equivalent(completion(a), completion(b), ADAPTIVE))
+
+    assert same("For pin change, follow guide 1004 in section B.", "Follow guide 1004 in section B for pin change.")
+    assert same("退款请在订单页面点击申请退款", "退款请在订单页面点击申请退款。")
+    assert not same("For pin change, follow guide 1004 in section B.", "For pin change, follow guide 1005 in section B.")
+    assert not same("Your refund arrives within five working days.", "Invoices are issued by the billing team.")
+
+
+class _NoRedis:
+    def register_script(self, script: str) -> object:
+        return None
