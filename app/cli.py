@@ -112,6 +112,9 @@ def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
           f"min_probability {rules.min_probability}, judge {'on' if rules.judge else 'off'}); embedder: {encoder.name}")
     if judge_line:
         print(judge_line)
+    if rules.adaptive:
+        print(f"adaptive category (error bound {rules.error_bound}): pairs show its cold start, the guards and "
+              f"accept_above {rules.accept_above}; what it learns from traffic shows in `strata replay`")
     print("decisions by reason: " + ", ".join(f"{k}={v}" for k, v in sorted(reasons.items())))
     print(f"took {elapsed:.1f} s")
     print(result.line())

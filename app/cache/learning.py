@@ -111,14 +111,19 @@ def score_bin(score: float) -> int:
     return max(0, min(BINS - 1, int(score * 100)))
 
 
-def wilson_upper(wrong: float, total: float, z: float) -> float:
-    """Upper Wilson bound of a wrong share, ``z`` standard errors up; 1.0 with no observations."""
+def wilson_interval(wrong: float, total: float, z: float) -> tuple[float, float]:
+    """Wilson bounds of a wrong share, ``z`` standard errors either side; (0, 1) with no observations."""
     if total <= 0:
-        return 1.0
+        return 0.0, 1.0
     p = wrong / total
     centre = p + z * z / (2 * total)
     spread = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total))
-    return min(1.0, (centre + spread) / (1 + z * z / total))
+    scale = 1 + z * z / total
+    return max(0.0, (centre - spread) / scale), min(1.0, (centre + spread) / scale)
+
+
+def wilson_upper(wrong: float, total: float, z: float) -> float:
+    return wilson_interval(wrong, total, z)[1]
 
 
 def z_of(confidence: float) -> float:
@@ -170,11 +175,17 @@ class PooledObservations:
         self._cache.pop(observations_key(tag, category), None)
 
 
-def within_bound(counts: PooledCounts, bin_: int, policy: SemanticPolicy) -> bool:
-    """Whether the category's observations at this score or above keep wrong hits under the bound."""
+def within_bound(counts: PooledCounts, bin_: int, policy: SemanticPolicy, *, prior: bool = False) -> bool:
+    """Whether the category's observations at this score or above keep wrong hits under the bound.
+
+    Without a prior the observations must show it (upper bound at most the bound); with one (the
+    similarity reached ``accept_above``) they must merely not refute it (lower bound at most the
+    bound), so a prior that does not fit the deployment's questions is withdrawn by its traffic.
+    """
     assert policy.error_bound is not None
     wrong, total = counts.at_or_above(bin_)
-    return wilson_upper(wrong, total, z_of(policy.confidence)) <= policy.error_bound
+    lower, upper = wilson_interval(wrong, total, z_of(policy.confidence))
+    return (lower if prior else upper) <= policy.error_bound
 
 
 def answer_text(completion: bytes) -> str | None:

@@ -190,11 +190,11 @@ class SemanticCache:
             others = [s for k, s, r in rows if (_text(r.get(FIELD_ROOT)) or k) != root]
             bin_ = score_bin(decision_score(similarity, max(others) if others else None, policy.threshold))
             wrong_before = _milli(similarity) <= int(row.get(FIELD_WRONG_ABOVE) or -1)
-            # From accept_above a candidate that passes the guards needs no learned evidence (the
-            # category's prior); below it, the observations decide.
+            # From accept_above a candidate that passes the guards is served unless the observations
+            # refute it (the category's prior); below it, they must show it is safe.
             prior = similarity >= policy.accept_above
-            within = not wrong_before and (
-                prior or within_bound(await self.pooled.counts(query.version, query.category.name), bin_, policy)
+            within = not wrong_before and within_bound(
+                await self.pooled.counts(query.version, query.category.name), bin_, policy, prior=prior
             )
             if within and root != key:
                 # A wrong observation on any document of the entry vetoes its aliases too; read

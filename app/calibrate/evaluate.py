@@ -11,7 +11,7 @@ import numpy as np
 
 from app.cache.base import Verdict
 from app.cache.keys import normalize_text
-from app.cache.verify import VERIFIED, CandidateCheck, PairVerifier
+from app.cache.verify import ABOVE_BAND, BELOW_THRESHOLD, OUTSIDE_BOUND, VERIFIED, CandidateCheck, PairVerifier
 from app.calibrate.pairs import Pair
 from app.embed import Encoder
 from app.policy import SemanticPolicy
@@ -54,11 +54,27 @@ def score(decisions: np.ndarray, labels: np.ndarray) -> Score:
 
 
 def verify_all(pairs: Sequence[Pair], sims: np.ndarray, verifier: PairVerifier, policy: SemanticPolicy) -> list[Verdict]:
-    """The verification stage's verdict for every pair, as the service would give it."""
+    """The verification stage's verdict for every pair, as the service would give it.
+
+    An adaptive category is judged as a fresh deployment decides, before any observation: the
+    guards, then its prior (``accept_above``); what it learns from traffic only a replay shows.
+    """
+    if policy.adaptive:
+        return [_cold_start(verifier, normalize_text(p.asked), normalize_text(p.cached), float(s), policy)
+                for p, s in zip(pairs, sims, strict=True)]
     return [
         verifier.verify(normalize_text(pair.asked), normalize_text(pair.cached), float(similarity), policy)
         for pair, similarity in zip(pairs, sims, strict=True)
     ]
+
+
+def _cold_start(verifier: PairVerifier, asked: str, cached: str, similarity: float, policy: SemanticPolicy) -> Verdict:
+    if similarity < policy.threshold:
+        return Verdict(False, BELOW_THRESHOLD)
+    rejection = verifier.guard(asked, cached)
+    if rejection is not None:
+        return Verdict(False, rejection)
+    return Verdict(True, ABOVE_BAND) if similarity >= policy.accept_above else Verdict(False, OUTSIDE_BOUND)
 
 
 async def judge_all(pairs: Sequence[Pair], verdicts: list[Verdict], check: CandidateCheck, policy: SemanticPolicy,

@@ -32,12 +32,7 @@ def read_pairs(path: Path) -> list[Pair]:
     Raises:
         PairsFileError: Unreadable, not UTF-8, missing columns, a label other than 0/1, or no rows.
     """
-    try:
-        text = path.read_bytes().decode("utf-8-sig")
-    except OSError as exc:
-        raise PairsFileError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise PairsFileError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
+    text = read_utf8(path, PairsFileError)
     reader = csv.DictReader(io.StringIO(text))
     missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
     if missing:
@@ -54,6 +49,39 @@ def read_pairs(path: Path) -> list[Pair]:
     if not pairs:
         raise PairsFileError(f"{path}: no pairs")
     return pairs
+
+
+def read_utf8(path: Path, error: type[ValueError]) -> str:
+    """A UTF-8 text file (byte-order mark allowed); ``error`` with a one-line message otherwise."""
+    try:
+        return path.read_bytes().decode("utf-8-sig")
+    except OSError as exc:
+        raise error(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise error(f"{path}: not UTF-8 text (byte {exc.start})") from exc
+
+
+class Clusters:
+    """Disjoint sets of texts linked as paraphrases; each set is named by its smallest text."""
+
+    def __init__(self) -> None:
+        self._parent: dict[str, str] = {}
+
+    def find(self, text: str) -> str:
+        parent = self._parent
+        parent.setdefault(text, text)
+        while parent[text] != text:
+            parent[text] = parent[parent[text]]
+            text = parent[text]
+        return text
+
+    def link(self, a: str, b: str) -> None:
+        first, second = self.find(a), self.find(b)
+        if first != second:
+            self._parent[max(first, second)] = min(first, second)
+
+    def texts(self) -> list[str]:
+        return list(self._parent)
 
 
 def write_pairs(pairs: Sequence[Pair], path: Path) -> None:

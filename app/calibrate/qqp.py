@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from app.calibrate.pairs import QQP_POOL_SIZE, Pair, stable_bucket
+from app.calibrate.pairs import QQP_POOL_SIZE, Clusters, Pair, stable_bucket
 
 
 def qqp_hard(path: Path, split: str, pool_size: int = QQP_POOL_SIZE) -> list[Pair]:
@@ -35,19 +35,10 @@ def qqp_hard(path: Path, split: str, pool_size: int = QQP_POOL_SIZE) -> list[Pai
     from sklearn.feature_extraction.text import TfidfVectorizer
 
     rows = json.loads(path.read_text(encoding="utf-8"))
-    parent: dict[str, str] = {}
-
-    def find(x: str) -> str:
-        parent.setdefault(x, x)
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
+    clusters = Clusters()
     for row in rows:
-        a, b = find(row["origin"]), find(row["similar"])
-        if a != b:
-            parent[max(a, b)] = min(a, b)
+        clusters.link(row["origin"], row["similar"])
+    find = clusters.find
     wanted = range(50) if split == "train" else range(50, 100)
     chosen = [r for r in rows if stable_bucket(find(r["origin"])) in wanted]
     # Order by a full hash of the cluster: pools mix topics, and a cluster stays contiguous.

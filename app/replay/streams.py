@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.cache.keys import normalize_text
+from app.calibrate.pairs import Clusters, read_utf8
 
 
 class StreamFileError(ValueError):
@@ -77,24 +78,14 @@ def clinc_stream(path: Path, requests: int = 3000, seed: int = 0, oos_share: flo
 def pairs_stream(path: Path, requests: int = 3000, seed: int = 0, min_cluster: int = 3) -> list[Request]:
     """A stream from positive paraphrase pairs (AFQMC ``label`` 1) chained into clusters: every
     question linked by a positive pair shares its cluster's answer."""
-    parent: dict[str, str] = {}
-
-    def find(x: str) -> str:
-        parent.setdefault(x, x)
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
+    clusters = Clusters()
     with path.open(encoding="utf-8-sig", newline="") as handle:
         for row in csv.DictReader(handle):
             if row["label"].strip() == "1":
-                a, b = find(normalize_text(row["sentence1"])), find(normalize_text(row["sentence2"]))
-                if a != b:
-                    parent[max(a, b)] = min(a, b)
+                clusters.link(normalize_text(row["sentence1"]), normalize_text(row["sentence2"]))
     groups: dict[str, list[str]] = defaultdict(list)
-    for text in list(parent):
-        groups[find(text)].append(text)
+    for text in clusters.texts():
+        groups[clusters.find(text)].append(text)
     kept = {f"cluster-{i}": sorted(texts) for i, (_, texts) in enumerate(sorted(groups.items())) if len(texts) >= min_cluster}
     return zipf_stream(kept, requests, seed)
 
@@ -111,12 +102,7 @@ def read_stream(path: Path) -> list[Request]:
     Raises:
         StreamFileError: Unreadable, malformed, a missing field, or no requests.
     """
-    try:
-        raw = path.read_bytes().decode("utf-8-sig")
-    except OSError as exc:
-        raise StreamFileError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise StreamFileError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
+    raw = read_utf8(path, StreamFileError)
     stream = []
     if path.suffix.lower() == ".csv":
         reader = csv.DictReader(io.StringIO(raw))

@@ -72,3 +72,12 @@ def test_answer_equivalence_ignores_wording_not_numbers() -> None:
 class _NoRedis:
     def register_script(self, script: str) -> object:
         return None
+
+
+def test_a_prior_serves_until_the_observations_refute_it() -> None:
+    nothing = PooledCounts({})
+    assert not within_bound(nothing, 90, ADAPTIVE) and within_bound(nothing, 90, ADAPTIVE, prior=True)
+    refuted = PooledCounts({"ok:095": 80, "wrong:095": 20})  # a fifth wrong at these scores
+    assert not within_bound(refuted, 90, ADAPTIVE, prior=True)
+    unclear = PooledCounts({"ok:095": 98, "wrong:095": 2})  # 2% of 100: not enough to withdraw it
+    assert within_bound(unclear, 90, ADAPTIVE, prior=True) and not within_bound(unclear, 90, ADAPTIVE)
