@@ -272,6 +272,53 @@ def cmd_replay_run(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_faq_load(args: argparse.Namespace, settings: Settings) -> int:
+    import re
+
+    from app.faq import FAQ_SET_NAME, FaqFileError, read_faq
+    from app.policy import Policy
+
+    path = Path(args.file)
+    name = args.name or path.stem
+    if not re.match(FAQ_SET_NAME, name):
+        return _fail(f"--name {name!r} must match {FAQ_SET_NAME}")
+    try:
+        policy = Policy.load(settings.resolve(settings.policy_file))
+        items = read_faq(path, policy)
+    except (FaqFileError, ValueError) as exc:
+        return _fail(str(exc))
+
+    async def go() -> tuple[str, int, int]:
+        from app.cache.semantic import SemanticCache
+        from app.cache.version import VersionTag
+        from app.embed import BatchingEmbedder, load_encoder
+        from app.faq import load_faq
+        from app.lifespan import connect_redis, reconcile
+
+        options = settings.semantic
+        encoder = await asyncio.to_thread(load_encoder, options.embedder, options.embedder_model)
+        embedder = BatchingEmbedder(encoder)
+        redis = connect_redis(msgspec_replace(settings.redis, timeout_s=10.0))
+        try:
+            semantic = SemanticCache(redis, embedder, settings.resolve(options.index_schema))
+            tag = await reconcile(redis, VersionTag(redis), semantic)
+            await semantic.index(tag)
+            entries, variants = await load_faq(redis, embedder, tag, items, name, policy)
+            return tag, entries, variants
+        finally:
+            await redis.aclose()
+            embedder.close()
+
+    from redis.exceptions import RedisError
+
+    try:
+        tag, entries, variants = asyncio.run(go())
+    except (RedisError, OSError) as exc:
+        return _fail(f"Redis at {settings.redis.url}: {exc}")
+    print(f"loaded {entries} curated answers and {variants} variants from {path} as {name!r} (cache version {tag})")
+    return 0
+
+
 def msgspec_replace(settings: Settings, **changes: object) -> Settings:
     import msgspec
 
@@ -369,6 +416,13 @@ def parser() -> argparse.ArgumentParser:
     run_step.add_argument("--plot", help="PNG of the learning curve (needs the calibrate extra)")
     run_step.add_argument("--json", help="write the report as JSON")
     run_step.set_defaults(run=cmd_replay_run)
+
+    faq = commands.add_parser("faq", help="curated answers in the semantic layer")
+    faq_steps = faq.add_subparsers(dest="step", required=True)
+    faq_load = faq_steps.add_parser("load", help="load (or reload, replacing) a CSV or YAML file of curated answers")
+    faq_load.add_argument("file", help="CSV (category,tenant,question,variants,answer; variants split by |) or YAML list")
+    faq_load.add_argument("--name", help="the name its entries are kept under (default: the file's stem)")
+    faq_load.set_defaults(run=cmd_faq_load)
 
     keys = commands.add_parser("keys", help="API keys of tenants (stored as salted hashes)")
     keys.add_argument("--file", help="keys file (default: STRATA_KEYS_FILE)")

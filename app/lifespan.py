@@ -133,25 +133,22 @@ async def build_resources(settings: Settings, encoder: Encoder | None = None) ->
     )
 
 
-async def reconcile_embedder(resources: Resources, current: str) -> str:
-    """Bump the version when the stored vectors come from another embedder or dimension.
-
-    Returns:
-        The version tag to use from now on.
-    """
-    semantic = resources.semantic
+async def reconcile(redis: Redis, versions: VersionTag, semantic: SemanticCache | None) -> str:
+    """The current version tag, bumped first when the stored vectors come from another embedder
+    or dimension (they cannot be compared with the new ones)."""
+    current = await versions.refresh()
     if semantic is None:
         return current
     embedder = semantic.embedder
     fingerprint = f"{embedder.name}:{embedder.dims}"
-    previous = await adopt_embedder(resources.redis, fingerprint)
-    existing_dims = await index_dims(resources.redis, semantic_index_name(current))
+    previous = await adopt_embedder(redis, fingerprint)
+    existing_dims = await index_dims(redis, semantic_index_name(current))
     if previous is None and existing_dims in (None, embedder.dims):
         return current
     logger.warning(
         "embedder changed (%s -> %s, index dims %s): bumping the cache version", previous, fingerprint, existing_dims
     )
-    _, new = await resources.versions.bump()
+    _, new = await versions.bump()
     return new
 
 
@@ -167,8 +164,7 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
     resources: Resources = await app.state.resources_factory()
     app.state.resources = resources
     try:
-        current = await resources.versions.refresh()
-        current = await reconcile_embedder(resources, current)
+        current = await reconcile(resources.redis, resources.versions, resources.semantic)
     except CACHE_ERRORS as exc:
         # Start anyway: the service answers from the upstream until Redis is back.
         logger.warning("Redis is unavailable at start-up, serving without cache: %r", exc)

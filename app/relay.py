@@ -82,7 +82,7 @@ class Relay:
         await self._cache.store(exchange.plan, raw, completion)
         await exchange.finish(raw)
         self._metrics.finish(exchange.outcome, exchange.started)
-        return ChatResult(outcome=exchange.outcome, headers={"X-Cache": exchange.outcome.value}, body=raw)
+        return ChatResult(outcome=exchange.outcome, headers=_headers(exchange), body=raw)
 
     async def _open_stream(self, exchange: Exchange) -> ChatResult:
         chunks = self._upstream.stream(exchange.body).__aiter__()
@@ -97,7 +97,7 @@ class Relay:
             raise
         return ChatResult(
             outcome=exchange.outcome,
-            headers={"X-Cache": exchange.outcome.value},
+            headers=_headers(exchange),
             stream=self._relay(first, chunks, exchange),
         )
 
@@ -130,3 +130,7 @@ class Relay:
         finally:
             # Also when the client went away mid-stream: followers must not wait for nothing.
             await exchange.finish(answer if assembler.complete else None)
+
+
+def _headers(exchange: Exchange) -> dict[str, str]:
+    return {"X-Cache": exchange.outcome.value, "X-Cache-Source": "model"}

@@ -82,7 +82,9 @@ def serve_hit(hit: CacheHit, request: ChatCompletionRequest, started: float, met
     outcome = _HIT_OUTCOMES[hit.layer]
     decoded = hit.decoded if hit.decoded is not None else completion_decoder.decode(hit.completion)
     completion = refresh_identity(decoded)
-    headers = {"X-Cache": outcome.value}
+    if hit.source == "faq":
+        completion["model"] = request.model  # an operator's answer, in the shape the request expects
+    headers = {"X-Cache": outcome.value, "X-Cache-Source": hit.source}
     if hit.similarity is not None:
         headers["X-Cache-Similarity"] = f"{hit.similarity:.3f}"
     if hit.reason is not None:

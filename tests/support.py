@@ -4,6 +4,7 @@ upstream, and one way of asking Strata a question."""
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import time
@@ -22,7 +23,9 @@ from app.embed import Encoder
 from app.replay.simulate import ServerThread, free_port
 from app.settings import Settings
 
-__all__ = ["FAQ", "MODEL", "FakeUpstream", "ServerThread", "ask", "free_port", "serve_process", "serve_strata"]
+__all__ = [
+    "FAQ", "MODEL", "FakeUpstream", "ServerThread", "ask", "free_port", "run_cli", "serve_process", "serve_strata",
+]
 
 MODEL = "fake-model"
 # The category the semantic tests ask in (tests/fixtures/policy.yaml).
@@ -57,6 +60,14 @@ def ask(target: str | httpx.Client, question: str, *, key: str | None = None, sy
     if isinstance(target, httpx.Client):
         return target.post("/v1/chat/completions", json=body, headers=sent)
     return httpx.post(target + "/v1/chat/completions", json=body, headers=sent, timeout=10)
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the ``strata`` command as a user would, with the test policy file."""
+    root = Path(__file__).resolve().parent.parent
+    return subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=root, capture_output=True, text=True,
+                          env={**os.environ, "STRATA_POLICY_FILE": "tests/fixtures/policy.yaml", **(env or {})},
+                          timeout=300)
 
 
 def serve_process(env: dict[str, str], port: int, timeout: float = 60.0) -> subprocess.Popen[bytes]:

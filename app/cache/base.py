@@ -57,6 +57,7 @@ class CacheHit(msgspec.Struct, frozen=True, kw_only=True):
         matched_question: The cached question that matched (semantic layer only).
         reason: Why the semantic candidate was accepted (semantic layer only).
         decoded: The completion, once the cache has decoded and checked it.
+        source: ``model`` (the model's answer) or ``faq`` (an operator's curated answer).
     """
 
     layer: str
@@ -65,6 +66,7 @@ class CacheHit(msgspec.Struct, frozen=True, kw_only=True):
     matched_question: str | None = None
     reason: str | None = None
     decoded: dict[str, Any] | None = None
+    source: str = "model"
 
 
 class Candidate(msgspec.Struct, frozen=True, kw_only=True):

@@ -26,6 +26,7 @@ from app.cache.keys import (
     FIELD_QUESTION,
     FIELD_ROOT,
     FIELD_SCOPE,
+    FIELD_SOURCE,
     FIELD_TENANT,
 )
 
@@ -48,6 +49,7 @@ class CacheEntry(msgspec.Struct, frozen=True, kw_only=True):
         embedding: The question's embedding as float32 bytes (semantic entries only).
         root: The entry whose answer it serves: its own key, or its entry's for an alias
             (semantic entries only).
+        source: ``faq`` for an operator's curated answer; absent for the model's.
     """
 
     question: str
@@ -61,6 +63,7 @@ class CacheEntry(msgspec.Struct, frozen=True, kw_only=True):
     scope: str | None = None
     embedding: bytes | None = None
     root: str | None = None
+    source: str | None = None
 
     @classmethod
     def for_query(cls, query: CacheQuery, answer: bytes, *, now: int | None = None, **extra: Any) -> CacheEntry:
@@ -107,6 +110,8 @@ class CacheEntry(msgspec.Struct, frozen=True, kw_only=True):
             fields[FIELD_EMBEDDING] = self.embedding
         if self.root is not None:
             fields[FIELD_ROOT] = self.root
+        if self.source is not None:
+            fields[FIELD_SOURCE] = self.source
         return fields
 
     @classmethod
@@ -129,6 +134,7 @@ class CacheEntry(msgspec.Struct, frozen=True, kw_only=True):
                 category=text[FIELD_CATEGORY],
                 scope=text.get(FIELD_SCOPE),
                 root=text.get(FIELD_ROOT),
+                source=text.get(FIELD_SOURCE),
                 embedding=embedding.encode() if isinstance(embedding, str) else embedding,
                 **{name: int(text[name]) for name in _INTEGER_FIELDS},
             )

@@ -7,6 +7,8 @@ Redis key layout (every name readable with ``redis-cli``)::
     strata:vN:sem:<sha256>         HASH    L2 entry, indexed by the RediSearch index strata:vN:sem
     strata:vN:lease:<sha256>       STRING  single-flight lease while one worker asks the model
     strata:vN:obs:<category>       HASH    pooled observations of an adaptive category (ok:<bin>, wrong:<bin>)
+    strata:vN:sem:faq-<sha256>     HASH    a curated answer (`strata faq load`), or one of its variants
+    strata:vN:faqset:<name>        SET     the keys one `strata faq load` file wrote (replaced on reload)
 
 Prefixes end with ``:`` and none is a prefix of another (``strata:v1:sem:`` does not match
 ``strata:v10:sem:``), because RediSearch matches index prefixes as plain string prefixes.
@@ -40,6 +42,10 @@ FIELD_EMBEDDING = "embedding"
 # belongs to), the aliases an entry has, and what it learnt: observation counts per score bin
 # (``ok:<bin>``, ``wrong:<bin>``) and the highest similarity (x1000) of a wrong observation.
 FIELD_ROOT = "root"
+# Where a semantic document's answer comes from: SOURCE_MODEL (absent) or SOURCE_FAQ.
+FIELD_SOURCE = "source"
+SOURCE_MODEL = "model"
+SOURCE_FAQ = "faq"
 FIELD_ALIASES = "aliases"
 FIELD_WRONG_ABOVE = "wrong_above"
 OBS_OK = "ok"
@@ -74,6 +80,19 @@ def semantic_prefix(tag: str) -> str:
 def lease_key(tag: str, digest: str) -> str:
     """The single-flight lease of a request being answered (short-lived)."""
     return f"{NAMESPACE}:{tag}:lease:{digest}"
+
+
+def faq_key(tag: str, digest: str) -> str:
+    return f"{semantic_prefix(tag)}faq-{digest}"
+
+
+def faq_set_key(tag: str, name: str) -> str:
+    return f"{NAMESPACE}:{tag}:faqset:{name}"
+
+
+def faq_scope_digest(tenant: str, category: str) -> str:
+    """The scope of curated answers: a tenant's category, whatever the model, prompt or parameters."""
+    return _digest(["faq", tenant, category])
 
 
 def observations_key(tag: str, category: str) -> str:

@@ -36,8 +36,11 @@ from app.cache.keys import (
     FIELD_QUESTION,
     FIELD_ROOT,
     FIELD_SCOPE,
+    FIELD_SOURCE,
     FIELD_WRONG_ABOVE,
     NAMESPACE,
+    SOURCE_MODEL,
+    faq_scope_digest,
     semantic_index_name,
     semantic_prefix,
 )
@@ -57,9 +60,11 @@ ADAPTIVE_CANDIDATES = 8
 
 
 def scope_filter(query: CacheQuery) -> FilterExpression:
-    """The KNN pre-filter: the scope digest (hex) and the category (a policy name), nothing
-    a client wrote; redisvl escapes both all the same."""
-    return (Tag(FIELD_SCOPE) == query.canonical.scope_digest) & (Tag(FIELD_CATEGORY) == query.category.name)
+    """The KNN pre-filter: the request's scope digest or its tenant's curated-answer scope (hex),
+    and the category (a policy name), nothing a client wrote; redisvl escapes them all the same."""
+    canonical = query.canonical
+    scopes = [canonical.scope_digest, faq_scope_digest(canonical.tenant, query.category.name)]
+    return (Tag(FIELD_SCOPE) == scopes) & (Tag(FIELD_CATEGORY) == query.category.name)
 
 
 class SemanticCache:
@@ -142,7 +147,7 @@ class SemanticCache:
         knn = VectorQuery(
             vector=vector.astype(np.float32).tobytes(),
             vector_field_name=FIELD_EMBEDDING,
-            return_fields=[FIELD_QUESTION, FIELD_ANSWER, FIELD_ROOT, FIELD_WRONG_ABOVE],
+            return_fields=[FIELD_QUESTION, FIELD_ANSWER, FIELD_ROOT, FIELD_WRONG_ABOVE, FIELD_SOURCE],
             filter_expression=scope_filter(query),
             num_results=limit,
             return_score=True,
@@ -221,6 +226,7 @@ class SemanticCache:
             similarity=similarity,
             matched_question=row[FIELD_QUESTION],
             reason=reason,
+            source=_text(row.get(FIELD_SOURCE)) or SOURCE_MODEL,
         )
 
     async def store(self, query: CacheQuery, completion: bytes) -> None:

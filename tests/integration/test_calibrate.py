@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +14,9 @@ from app.cache.verify import load_verifier
 from app.calibrate.evaluate import evaluate, similarities, verify_all
 from app.calibrate.pairs import Pair
 from app.policy import Policy
-from app.settings import PROJECT_ROOT, Settings
+from app.settings import Settings
 from tests.integration.conftest import strata_settings
-from tests.support import MODEL, FakeUpstream, serve_strata
+from tests.support import MODEL, FakeUpstream, run_cli, serve_strata
 
 LAST_LINE = re.compile(r"^precision=(\d\.\d{4}) recall=(\d\.\d{4}) hits=(\d+) positives=(\d+) pairs=(\d+)$")
 PAIRS = [
@@ -33,9 +30,7 @@ PAIRS = [
 ]
 
 
-def strata(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=PROJECT_ROOT, capture_output=True, text=True,
-                          env={**os.environ, "STRATA_POLICY_FILE": "tests/fixtures/policy.yaml", **(env or {})}, timeout=300)
+strata = run_cli
 
 
 def write(path: Path, rows: list[tuple[str, str, int]], bom: bool = True) -> Path:

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from redis.asyncio import Redis
 
 from app.cache.base import CacheQuery
-from app.cache.keys import canonicalize
+from app.cache.keys import canonicalize, faq_scope_digest
 from app.cache.semantic import SemanticCache, scope_filter
 from app.embed import BatchingEmbedder
 from app.policy import CategoryPolicy, SemanticPolicy
@@ -99,4 +99,6 @@ def test_the_filter_reaches_redis_as_a_digest_not_as_client_text(harness: Harnes
     query = harness.query('怎么退款 @scope:{*}', tenant='evil"} | @scope:{*', model="*) -@tenant:{x")
     digest = query.canonical.scope_digest
     assert len(digest) == 64 and set(digest) <= set("0123456789abcdef")
-    assert str(scope_filter(query)) == f"(@scope:{{{digest}}} @category:{{faq}})"
+    curated = faq_scope_digest(query.canonical.tenant, "faq")  # the tenant's curated answers (strata faq load)
+    assert set(curated) <= set("0123456789abcdef")
+    assert str(scope_filter(query)) == f"(@scope:{{{digest}|{curated}}} @category:{{faq}})"

@@ -1,0 +1,168 @@
+"""Curated answers: ``strata faq load FILE`` seeds the semantic layer with an operator's answers.
+
+A file lists entries (category, tenant, question, variants, answer), as CSV (variants separated
+by ``|``) or YAML (a list of mappings). Each question becomes a semantic entry whose answer is the
+operator's text in OpenAI's completion shape (the model name filled in from each request), in the
+tenant's curated-answer scope: it serves that tenant's category whatever the model, system prompt
+or parameters. Each variant becomes an alias of its entry and a positive observation. A file is
+loaded under a name (its stem by default); loading it again replaces its entries in one
+MULTI/EXEC, so a reader sees the old set or the new one, never a mix. A bad file changes nothing.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import time
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import yaml
+from redis.asyncio import Redis
+
+from app.cache.entry import CacheEntry
+from app.cache.keys import (
+    FIELD_ALIASES,
+    OBS_OK,
+    SOURCE_FAQ,
+    faq_key,
+    faq_scope_digest,
+    faq_set_key,
+    normalize_text,
+    observation_field,
+    observations_key,
+)
+from app.cache.learning import POOLED_TTL_S, score_bin
+from app.calibrate.pairs import read_utf8
+from app.embed import Embedder
+from app.policy import Policy
+from app.wire import json_encoder
+
+FAQ_SET_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+
+
+class FaqFileError(ValueError):
+    """A curated-answer file that cannot be loaded; the message is one line for the user."""
+
+
+class FaqItem(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    category: str
+    question: str
+    answer: str
+    tenant: str = "default"
+    variants: list[str] = msgspec.field(default_factory=list)
+
+
+def read_faq(path: Path, policy: Policy) -> list[FaqItem]:
+    """Read and check a curated-answer file.
+
+    Raises:
+        FaqFileError: Unreadable, malformed, an unknown category, an empty text, or a question
+            given twice for one tenant and category.
+    """
+    text = read_utf8(path, FaqFileError)
+    try:
+        if path.suffix.lower() == ".csv":
+            reader = csv.DictReader(io.StringIO(text))
+            missing = {"category", "question", "answer"} - set(reader.fieldnames or [])
+            if missing:
+                raise FaqFileError(f"{path}: missing column(s) {', '.join(sorted(missing))}")
+            raw = [{"category": (row.get("category") or "").strip(), "question": row.get("question") or "",
+                    "answer": row.get("answer") or "", "tenant": (row.get("tenant") or "default").strip(),
+                    "variants": [v for v in (row.get("variants") or "").split("|") if v.strip()]}
+                   for row in reader]
+        else:
+            raw = yaml.safe_load(text)
+        items = msgspec.convert(raw, list[FaqItem])
+    except (yaml.YAMLError, msgspec.ValidationError) as exc:
+        raise FaqFileError(f"{path}: {exc}") from exc
+    seen: set[tuple[str, str, str]] = set()
+    for number, item in enumerate(items, start=1):
+        where = f"{path}: entry {number}"
+        if item.category not in policy.categories:
+            raise FaqFileError(f"{where}: unknown category {item.category!r}; known: {', '.join(sorted(policy.categories))}")
+        if not policy.categories[item.category].semantic.enabled:
+            raise FaqFileError(f"{where}: category {item.category!r} has no semantic layer")
+        if not normalize_text(item.question) or not item.answer.strip() or not item.tenant:
+            raise FaqFileError(f"{where}: question, answer and tenant must not be empty")
+        if any(not normalize_text(v) for v in item.variants):
+            raise FaqFileError(f"{where}: an empty variant")
+        identity = (item.tenant, item.category, normalize_text(item.question))
+        if identity in seen:
+            raise FaqFileError(f"{where}: the question is given twice for tenant {item.tenant!r}")
+        seen.add(identity)
+    if not items:
+        raise FaqFileError(f"{path}: no entries")
+    return items
+
+
+def curated_completion(answer: str, created: int) -> bytes:
+    """An operator's answer as a stored completion (the model name is the request's, at serve time)."""
+    return json_encoder.encode({
+        "id": "chatcmpl-faq", "object": "chat.completion", "created": created, "model": "",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": answer.strip()}, "logprobs": None,
+                     "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+    })
+
+
+def _digest(*parts: str) -> str:
+    return hashlib.sha256("\x1f".join(parts).encode("utf-8")).hexdigest()
+
+
+async def load_faq(redis: Redis, embedder: Embedder, tag: str, items: list[FaqItem], name: str,
+                   policy: Policy) -> tuple[int, int]:
+    """Write the entries and variants of one file under ``name``, replacing what it wrote before.
+
+    The semantic index of ``tag`` must exist. Returns (entries, variants) written.
+    """
+    now = int(time.time())
+    texts = [normalize_text(t) for item in items for t in (item.question, *item.variants)]
+    vectors = await embedder.embed(texts)
+    set_key = faq_set_key(tag, name)
+    old_keys = await redis.smembers(set_key)
+    new_keys: list[str] = []
+    position = 0
+    async with redis.pipeline(transaction=True) as pipe:
+        if old_keys:
+            pipe.delete(*old_keys)
+        pipe.delete(set_key)
+        longest = 1
+        for item in items:
+            category = policy.categories[item.category]
+            longest = max(longest, category.ttl_seconds)
+            question = normalize_text(item.question)
+            key = faq_key(tag, _digest(name, item.tenant, item.category, question))
+            question_vector = vectors[position]
+            position += 1
+            common = {
+                "answer": curated_completion(item.answer, now), "model": "", "tenant": item.tenant,
+                "category": item.category, "created_at": now, "expires_at": now + category.ttl_seconds,
+                "scope": faq_scope_digest(item.tenant, item.category), "root": key, "source": SOURCE_FAQ,
+            }
+            documents = [(key, CacheEntry(question=question, embedding=_bytes(question_vector), **common))]
+            for variant in item.variants:
+                text = normalize_text(variant)
+                vector = vectors[position]
+                position += 1
+                documents.append((faq_key(tag, _digest(name, item.tenant, item.category, question, text)),
+                                  CacheEntry(question=text, embedding=_bytes(vector), **common)))
+                # The operator says the variant has the entry's answer: a positive observation.
+                field = observation_field(OBS_OK, score_bin(float(vector @ question_vector)))
+                pipe.hincrby(observations_key(tag, item.category), field, 1)
+                pipe.expire(observations_key(tag, item.category), POOLED_TTL_S)
+            for doc_key, entry in documents:
+                pipe.hset(doc_key, mapping=entry.to_hash())
+                pipe.expire(doc_key, entry.ttl_seconds)
+                new_keys.append(doc_key)
+            pipe.hset(key, FIELD_ALIASES, len(item.variants))
+        pipe.sadd(set_key, *new_keys)
+        pipe.expire(set_key, longest)
+        await pipe.execute()
+    return len(items), len(new_keys) - len(items)
+
+
+def _bytes(vector: np.ndarray) -> bytes:
+    return np.asarray(vector, dtype=np.float32).tobytes()
