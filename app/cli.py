@@ -91,7 +91,7 @@ def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
     rules = category.semantic
     verdicts = verify_all(pairs, sims, verifier, rules)
     judge_line = None
-    if rules.judge:
+    if rules.judge_before_serving:
         from app.errors import StrataError
 
         try:
@@ -109,7 +109,7 @@ def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
     elapsed = time.perf_counter() - started
     print(f"pairs file: {args.pairs}")
     print(f"category: {category.name} (threshold {rules.threshold}, accept_above {rules.accept_above}, "
-          f"min_probability {rules.min_probability}, judge {'on' if rules.judge else 'off'}); embedder: {encoder.name}")
+          f"min_probability {rules.min_probability}, judge {rules.judge}); embedder: {encoder.name}")
     if judge_line:
         print(judge_line)
     if rules.adaptive:

@@ -111,16 +111,15 @@ async def build_resources(settings: Settings, encoder: Encoder | None = None) ->
             encoder, window_ms=options.embed_batch_window_ms, max_batch=options.embed_max_batch, on_batch=count_batch
         )
         verifier = load_verifier(settings)
-        check = CandidateCheck(
-            verifier, confirm=AnswerJudge(upstream, options.judge_timeout_s, options.judge_model),
-            on_verdict=metrics.verdict,
-        )
+        judge = AnswerJudge(upstream, options.judge_timeout_s, options.judge_model)
+        check = CandidateCheck(verifier, confirm=judge, on_verdict=metrics.verdict)
         semantic = SemanticCache(redis, embedder, settings.resolve(options.index_schema), check,
                                  learning_refresh_s=options.learning_refresh_s)
         layers.append(semantic)
-        learner = AnswerLearner(redis, embedder, verifier.analyzer)
+        learner = AnswerLearner(redis, embedder, verifier.analyzer, judge=judge)
     cache = LayeredCache(versions, layers, metrics, lookup_timeout_s=settings.lookup_timeout_s,
-                         judge_timeout_s=options.judge_timeout_s, learner=learner)
+                         judge_timeout_s=options.judge_timeout_s, learner=learner,
+                         max_learning=options.learning_max_pending)
     flight = SingleFlight(redis, metrics, lease_s=settings.singleflight_lease_s, poll_s=settings.singleflight_poll_s)
     pipeline = ChatPipeline(limits=settings.limits, cache=cache, relay=Relay(upstream, cache, metrics),
                             metrics=metrics, flight=flight)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 import yaml
@@ -21,8 +21,10 @@ class SemanticPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     threshold: Similarity = 0.90
     accept_above: Similarity = 0.99
     min_probability: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.9
-    # Ask the upstream model to confirm what the verifier accepted in the band (app/cache/judge.py).
-    judge: bool = False
+    # The LLM judge (app/cache/judge.py): true asks it to confirm what the verifier accepted in the
+    # band before serving; "async" (adaptive categories) asks it, after the response has gone out,
+    # whether a candidate that was a miss had the right answer, instead of comparing the answers.
+    judge: bool | Literal["async"] = False
     # Adaptive categories (app/cache/learning.py): with an error bound, `threshold` is only the
     # floor of the band, and a candidate is served when the observations say that hits at its
     # score are wrong less often than `error_bound`, with `confidence`.
@@ -39,10 +41,20 @@ class SemanticPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     def __post_init__(self) -> None:
         if self.accept_above < self.threshold:
             raise ValueError("semantic.accept_above must be >= semantic.threshold")
+        if self.judge == "async" and self.error_bound is None:
+            raise ValueError("semantic.judge: async needs an adaptive category (semantic.error_bound)")
 
     @property
     def adaptive(self) -> bool:
         return self.error_bound is not None
+
+    @property
+    def judge_before_serving(self) -> bool:
+        return self.judge is True
+
+    @property
+    def judge_after_miss(self) -> bool:
+        return self.judge == "async"
 
 
 class CategoryPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -63,6 +63,8 @@ class SemanticSettings(msgspec.Struct, frozen=True, kw_only=True):
     judge_timeout_s: float = field(default=5.0, name="judge_timeout_s")
     # How long a worker reuses an adaptive category's pooled observations before reading them again.
     learning_refresh_s: float = field(default=1.0, name="learning_refresh_s")
+    # Observations (and async judge calls) in flight per worker; beyond it new ones are dropped.
+    learning_max_pending: int = field(default=256, name="learning_max_pending")
 
 
 class LimitSettings(msgspec.Struct, frozen=True, kw_only=True):

@@ -153,7 +153,7 @@ class LayeredCache:
 
     def _budget(self, layer: CacheLayer, query: CacheQuery) -> float:
         # The judge is a model call: its own timeout bounds it, on top of the lookup's.
-        if layer.name == SEMANTIC and query.category.semantic.judge:
+        if layer.name == SEMANTIC and query.category.semantic.judge_before_serving:
             return self._lookup_timeout_s + self._judge_timeout_s
         return self._lookup_timeout_s
 
@@ -216,6 +216,9 @@ class LayeredCache:
             same = await self._learner.observe(query, candidate, answer)
         except CACHE_ERRORS as exc:
             self._metrics.cache_failed("learning", "observe", exc)
+            return
+        if same is None:
+            self._metrics.observations.labels(query.category.name, "judge_failed", str(candidate.explored).lower()).inc()
             return
         result = "equivalent" if same else "different"
         self._metrics.observations.labels(query.category.name, result, str(candidate.explored).lower()).inc()

@@ -30,6 +30,7 @@ import numpy as np
 from redis.asyncio import Redis
 
 from app.cache.base import CacheQuery, Candidate
+from app.cache.judge import JUDGE_FAILED
 from app.cache.keys import (
     FIELD_ALIASES,
     FIELD_ANSWER,
@@ -45,7 +46,7 @@ from app.cache.keys import (
     observations_key,
     semantic_prefix,
 )
-from app.cache.verify import PairAnalyzer
+from app.cache.verify import Confirm, PairAnalyzer
 from app.embed import Embedder
 from app.policy import SemanticPolicy
 from app.wire import decode_completion
@@ -203,10 +204,14 @@ class AnswerLearner:
         redis: The Redis the cache lives in.
         embedder: Embeds answers to compare them (on its worker thread).
         analyzer: Content words and numbers of answers (the verification lexicon's).
+        judge: The LLM judge, for categories with ``semantic.judge: async``: its verdict on the
+            two questions takes the place of the answer comparison.
     """
 
-    def __init__(self, redis: Redis, embedder: Embedder, analyzer: PairAnalyzer | None) -> None:
+    def __init__(self, redis: Redis, embedder: Embedder, analyzer: PairAnalyzer | None,
+                 judge: Confirm | None = None) -> None:
         self._redis = redis
+        self._judge = judge
         self._embedder = embedder
         self._analyzer = analyzer
         self._observe = redis.register_script(_OBSERVE)
@@ -232,15 +237,21 @@ class AnswerLearner:
         vectors = await self._embedder.embed([first, second])
         return float(vectors[0] @ vectors[1]) >= policy.answer_threshold
 
-    async def observe(self, query: CacheQuery, candidate: Candidate, fresh: bytes) -> bool:
+    async def observe(self, query: CacheQuery, candidate: Candidate, fresh: bytes) -> bool | None:
         """Record what the candidate would have been worth; alias the new question to it when
-        the answers are equivalent.
+        the answers are equivalent (or, with ``judge: async``, when the judge says yes).
 
         Returns:
-            Whether the answers were equivalent.
+            Whether the candidate's answer was right; ``None`` when the judge failed (nothing recorded).
         """
         policy = query.category.semantic
-        same = await self.equivalent(candidate.answer, fresh, policy)
+        if policy.judge_after_miss and self._judge is not None and query.canonical.question is not None:
+            verdict = await self._judge.confirm(query.canonical.question, candidate.question, query.canonical.model)
+            if verdict.reason == JUDGE_FAILED:
+                return None
+            same = verdict.accepted
+        else:
+            same = await self.equivalent(candidate.answer, fresh, policy)
         field = observation_field(OBS_OK if same else OBS_WRONG, candidate.score_bin)
         explored = (OBS_EXPLORED_OK if same else OBS_EXPLORED_WRONG) if candidate.explored else ""
         await self._observe(

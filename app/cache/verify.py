@@ -442,7 +442,7 @@ class CandidateCheck:
 
     async def confirmed(self, verdict: Verdict, asked: str, cached: str, policy: SemanticPolicy, model: str) -> Verdict:
         """The confirm step alone: a band acceptance goes to the hook when the policy asks for it."""
-        if verdict.reason != VERIFIED or not policy.judge:
+        if verdict.reason != VERIFIED or not policy.judge_before_serving:
             return verdict
         if self._confirm is None:
             return self._count(Verdict(False, JUDGE_FAILED))  # never serve unconfirmed what must be confirmed

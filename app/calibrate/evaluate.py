@@ -95,7 +95,7 @@ async def judge_all(pairs: Sequence[Pair], verdicts: list[Verdict], check: Candi
             judged[i] = await check.confirmed(verdicts[i], asked, cached, policy, model)
             latencies.append(time.perf_counter() - started)
 
-    await asyncio.gather(*(one(i) for i, v in enumerate(verdicts) if v.reason == VERIFIED and policy.judge))
+    await asyncio.gather(*(one(i) for i, v in enumerate(verdicts) if v.reason == VERIFIED and policy.judge_before_serving))
     return judged, latencies
 
 

@@ -156,3 +156,37 @@ def test_replay_simulate_gives_the_same_counts_twice(tmp_path: Path, use_encoder
     assert [o.layer for o in first.outcomes] == [o.layer for o in second.outcomes]
     assert first.count("exact-hit") >= 10 and first.errors == 0
     assert first.wrong("exact-hit") == 0
+
+
+JUDGED = {"X-Cache-Category": "learn_judged"}
+
+
+@pytest.mark.parametrize(("reply", "result"), [("yes", "ok"), ("no", "wrong")])
+def test_the_async_judge_decides_the_observation_after_the_response(
+        strata: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream, reply: str, result: str) -> None:
+    fake_upstream.judge_reply = reply
+    ask(strata, "怎么申请退款", headers=JUDGED)
+    # The generated answers differ in wording and numbers: only the judge's word can make them one.
+    assert ask(strata, "退款怎么申请", headers=JUDGED).headers["x-cache"] == "miss"
+    counts = eventually(lambda: {k.decode(): int(v) for k, v in redis_sync.hgetall("strata:v1:obs:learn_judged").items()})
+    assert sum(v for k, v in counts.items() if k.startswith(result + ":")) == 1 and len(counts) == 1
+    assert fake_upstream.judge_calls == [("怎么申请退款", "退款怎么申请")]
+    entry_key, _ = sem_doc(redis_sync, "怎么申请退款")
+    root = eventually(lambda: sem_doc(redis_sync, "退款怎么申请")[1].get("root") == entry_key.encode()) if reply == "yes" else None
+    assert bool(root) == (reply == "yes")  # a yes makes the new question an alias, a no does not
+
+
+def test_the_learning_queue_is_bounded(redis_url: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream,
+                                       use_encoder: Any) -> None:
+    fake_upstream.reset()
+    fake_upstream.judge_delay = 1.0
+    settings = strata_settings(redis_url, fake_upstream.url, semantic_enabled=True, learning_max_pending=1,
+                               judge_timeout_s=5.0)
+    with serve_strata(settings, use_encoder) as server:
+        ask(server.url, "怎么申请退款", headers=JUDGED)
+        started = time.monotonic()
+        for question in ("退款怎么申请", "如何申请退款", "申请退款怎么弄"):
+            assert ask(server.url, question, headers=JUDGED).headers["x-cache"] == "miss"
+        assert time.monotonic() - started < 1.0  # nobody waited for the judge
+        metrics = httpx.get(server.url + "/metrics").text
+    assert 'strata_semantic_observations_total{category="learn_judged",explored="false",result="dropped"}' in metrics
