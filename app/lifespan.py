@@ -25,6 +25,7 @@ from app.cache.semantic import SemanticCache, adopt_embedder, index_dims
 from app.cache.verify import CandidateCheck, load_verifier
 from app.cache.version import VersionTag, sweep_stale_versions
 from app.embed import BatchingEmbedder, Encoder, load_encoder
+from app.hygiene import PromptHygiene
 from app.limits import TenantRateLimiter
 from app.metrics import Metrics
 from app.pipeline import ChatPipeline
@@ -50,6 +51,7 @@ class Resources:
     pipeline: ChatPipeline
     cache: LayeredCache
     tenants: TenantResolver
+    hygiene: PromptHygiene | None
     rate_limiter: TenantRateLimiter
     semantic: SemanticCache | None = None
     embedder: BatchingEmbedder | None = None
@@ -124,11 +126,12 @@ async def build_resources(settings: Settings, encoder: Encoder | None = None) ->
     pipeline = ChatPipeline(limits=settings.limits, cache=cache, relay=Relay(upstream, cache, metrics),
                             metrics=metrics, flight=flight)
     tenants = TenantResolver(settings.resolve(settings.keys_file) if settings.keys_file else None)
+    hygiene = None if settings.prompt_hygiene == "off" else PromptHygiene.load(settings.resolve(settings.prompt_hygiene_file))
     limits = settings.limits
     rate_limiter = TenantRateLimiter(limits.tenant_rps, limits.tenant_burst or limits.tenant_rps, settings.workers)
     return Resources(
         settings=settings, policy=policy, redis=redis, versions=versions, upstream=upstream, metrics=metrics,
-        pipeline=pipeline, cache=cache, tenants=tenants, rate_limiter=rate_limiter, semantic=semantic, embedder=embedder,
+        pipeline=pipeline, cache=cache, tenants=tenants, hygiene=hygiene, rate_limiter=rate_limiter, semantic=semantic, embedder=embedder,
     )
 
 

@@ -62,6 +62,10 @@ class Metrics:
         self.verifications = Counter(
             "strata_semantic_verifications", "Semantic candidates by decision and reason", ["decision", "reason"], registry=r
         )
+        self.prompt_dynamic = Counter(
+            "strata_prompt_dynamic", "Requests whose system prompt holds dynamic content, by kind and tenant",
+            ["kind", "tenant"], registry=r,
+        )
         self.semantic_hits = Counter(
             "strata_semantic_hits", "Semantic hits served, by category", ["category"], registry=r
         )

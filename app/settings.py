@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 from msgspec import field
@@ -98,6 +98,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # Bounds each layer's whole lookup (Redis, and the embedding for the semantic layer): past
     # it the request goes on to the upstream as a bypass.
     lookup_timeout_s: float = 0.25
+    # L3: dynamic content in system prompts (schemas/prompt_hygiene.yaml): off, warn (count and log
+    # once per distinct prompt) or reject (400 with the span found).
+    prompt_hygiene: Literal["off", "warn", "reject"] = "warn"
+    prompt_hygiene_file: str = "schemas/prompt_hygiene.yaml"
     # Single flight: one upstream call per identical miss, across workers.
     singleflight_lease_s: float = 130.0
     singleflight_poll_s: float = 0.02

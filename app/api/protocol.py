@@ -7,6 +7,7 @@ from typing import Any
 
 import msgspec
 
+from app.cache.keys import text_of
 from app.cache.layered import CacheMode
 from app.errors import InvalidRequest
 from app.wire import ChatCompletionRequest, json_decoder
@@ -74,6 +75,18 @@ def parse_chat_request(
         if content is None and (message.role in _CONTENT_REQUIRED or not message.tool_calls):
             raise InvalidRequest(f"`{field}` is required for role `{message.role}`", param=field, code="empty_content")
     return request, raw
+
+
+def system_prompt(request: ChatCompletionRequest) -> str:
+    """The text of the leading system and developer messages: the prefix shared by a bot's requests."""
+    parts = []
+    for message in request.messages[:-1]:
+        if message.role not in ("system", "developer"):
+            break
+        text = text_of(message.content)
+        if text:
+            parts.append(text)
+    return "\n".join(parts)
 
 
 def cache_mode(header: str | None) -> CacheMode:
