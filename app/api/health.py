@@ -10,6 +10,7 @@ from app.cache.base import CACHE_ERRORS
 from app.cache.learning import wilson_upper, z_of
 from app.lifespan import Resources
 from app.metrics import CONTENT_TYPE
+from app.upstream_metrics import PrefixCache
 
 
 class HealthController(Controller):
@@ -24,6 +25,11 @@ class HealthController(Controller):
             redis = {"status": "down", "error": repr(exc)}
         up, error = await resources.upstream.healthy()
         upstream: dict[str, Any] = {"status": "ok"} if up else {"status": "down", "error": error}
+        if up:
+            cache = await self._prefix_cache(resources)
+            if cache is not None:
+                upstream["prefix_cache"] = {"hit_ratio": cache.ratio, "queried_tokens": cache.queries,
+                                            "hit_tokens": cache.hits, "metrics": list(cache.names)}
         status = "ok" if redis["status"] == "ok" and up else "degraded"
         body: dict[str, Any] = {"status": status, "redis": redis, "upstream": upstream}
         if redis["status"] == "ok" and resources.semantic is not None:
@@ -68,5 +74,16 @@ class HealthController(Controller):
 
     @get("/metrics")
     async def metrics(self, resources: Resources) -> Response[bytes]:
-        """Prometheus text exposition."""
+        """Prometheus text exposition (the model server's prefix-cache figures read on the way)."""
+        await self._prefix_cache(resources)
         return Response(content=resources.metrics.render(), media_type=CONTENT_TYPE)
+
+    @staticmethod
+    async def _prefix_cache(resources: Resources) -> PrefixCache | None:
+        cache = await resources.upstream.prefix_cache()
+        if cache is not None:
+            gauge = resources.metrics.upstream_prefix_cache
+            for name, value in (("queried_tokens", cache.queries), ("hit_tokens", cache.hits), ("hit_ratio", cache.ratio)):
+                if value is not None:
+                    gauge.labels(name).set(value)
+        return cache

@@ -57,3 +57,19 @@ def test_truncated_answers_from_the_model_are_not_cached(strata_e2e: str, vllm: 
 def test_models_list_passes_through(strata_e2e: str, vllm: tuple[str, str]) -> None:
     sdk = openai.OpenAI(base_url=strata_e2e + "/v1", api_key="unused", max_retries=0)
     assert vllm[1] in [m.id for m in sdk.models.list()]
+
+
+def test_a_stable_system_prompt_is_served_from_vllms_prefix_cache(strata_e2e: str, vllm: tuple[str, str]) -> None:
+    """L3: the launcher's block size lets the CPU build share full 32-token blocks of a prompt."""
+    import httpx
+
+    _, model = vllm
+    sdk = openai.OpenAI(base_url=strata_e2e + "/v1", api_key="unused", max_retries=0)
+    system = " ".join(f"Rule {i}: answer politely and briefly." for i in range(40))  # well over 32 tokens
+    before = httpx.get(strata_e2e + "/health").json()["upstream"]["prefix_cache"]
+    for question in ("What is two plus two?", "What colour is the sky?"):
+        sdk.chat.completions.create(model=model, max_tokens=4, temperature=0, extra_headers={"Cache-Control": "no-store"},
+                                    messages=[{"role": "system", "content": system}, {"role": "user", "content": question}])
+    after = httpx.get(strata_e2e + "/health").json()["upstream"]["prefix_cache"]
+    assert after["metrics"] == ["vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"]
+    assert after["hit_tokens"] - before["hit_tokens"] >= 32 * 5  # the second request reused the prompt's blocks

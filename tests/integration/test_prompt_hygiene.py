@@ -33,3 +33,13 @@ def test_reject_answers_400_with_the_span_and_calls_nobody(redis_url: str, redis
     assert refused.status_code == 400 and error["code"] == "dynamic_system_prompt" and error["param"] == "messages"
     assert "2026-12-01T09:30:15Z" in error["message"] and "timestamp" in error["message"]
     assert accepted.status_code == 200 and len(fake_upstream.calls) == 1
+
+
+def test_the_upstream_prefix_cache_ratio_is_on_metrics_and_health(redis_url: str, fake_upstream: FakeUpstream) -> None:
+    with serve_strata(strata_settings(redis_url, fake_upstream.url)) as server:
+        metrics = httpx.get(server.url + "/metrics").text
+        health = httpx.get(server.url + "/health").json()
+    assert 'strata_upstream_prefix_cache{value="hit_ratio"} 0.75' in metrics
+    assert 'strata_upstream_prefix_cache{value="queried_tokens"} 400.0' in metrics
+    cache = health["upstream"]["prefix_cache"]
+    assert cache["hit_ratio"] == 0.75 and cache["metrics"] == ["vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"]
