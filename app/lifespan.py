@@ -33,6 +33,7 @@ from app.policy import Policy
 from app.relay import Relay
 from app.settings import RedisSettings, Settings
 from app.singleflight import SingleFlight
+from app.token_caps import TokenCaps
 from app.upstream import Upstream
 
 logger = logging.getLogger("strata.lifespan")
@@ -123,8 +124,9 @@ async def build_resources(settings: Settings, encoder: Encoder | None = None) ->
                          judge_timeout_s=options.judge_timeout_s, learner=learner,
                          max_learning=options.learning_max_pending)
     flight = SingleFlight(redis, metrics, lease_s=settings.singleflight_lease_s, poll_s=settings.singleflight_poll_s)
-    pipeline = ChatPipeline(limits=settings.limits, cache=cache, relay=Relay(upstream, cache, metrics),
-                            metrics=metrics, flight=flight)
+    caps = TokenCaps(redis, settings.limits, metrics)
+    pipeline = ChatPipeline(limits=settings.limits, cache=cache, relay=Relay(upstream, cache, metrics, caps),
+                            metrics=metrics, flight=flight, caps=caps)
     tenants = TenantResolver(settings.resolve(settings.keys_file) if settings.keys_file else None)
     hygiene = None if settings.prompt_hygiene == "off" else PromptHygiene.load(settings.resolve(settings.prompt_hygiene_file))
     limits = settings.limits

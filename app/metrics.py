@@ -71,6 +71,13 @@ class Metrics:
             "strata_upstream_prefix_cache", "The model server's prefix cache: queried and hit prompt tokens, hit ratio",
             ["value"], registry=r, multiprocess_mode="mostrecent",
         )
+        self.learned_max_tokens = Gauge(
+            "strata_learned_max_tokens", "L4: the max_tokens learnt per category for requests that name none",
+            ["category"], registry=r, multiprocess_mode="mostrecent",
+        )
+        self.learned_cap_cuts = Counter(
+            "strata_learned_cap_cuts", "L4: answers the learnt max_tokens cut (finish_reason length)", ["category"], registry=r
+        )
         self.semantic_hits = Counter(
             "strata_semantic_hits", "Semantic hits served, by category", ["category"], registry=r
         )

@@ -20,6 +20,7 @@ from app.relay import Exchange, Relay
 from app.settings import LimitSettings
 from app.singleflight import SingleFlight
 from app.stream import serve_hit
+from app.token_caps import TokenCaps
 from app.wire import ChatCompletionRequest
 
 
@@ -32,20 +33,30 @@ class ChatPipeline:
         relay: The upstream relay.
         metrics: Where outcomes are counted.
         flight: Single flight across workers; ``None`` to ask the upstream for every miss.
+        caps: L4, the learnt ``max_tokens`` of requests that name none; ``None``: the default.
     """
 
     def __init__(self, *, limits: LimitSettings, cache: LayeredCache, relay: Relay, metrics: Metrics,
-                 flight: SingleFlight | None = None) -> None:
+                 flight: SingleFlight | None = None, caps: TokenCaps | None = None) -> None:
         self._limits = limits
+        self._caps = caps
         self._cache = cache
         self._relay = relay
         self._metrics = metrics
         self._flight = flight
 
-    def effective_max_tokens(self, request: ChatCompletionRequest) -> int:
-        """The client's limit (or the default), never above the configured cap."""
-        asked = request.max_completion_tokens or request.max_tokens or self._limits.default_max_tokens
-        return min(asked, self._limits.max_tokens_cap)
+    def named_max_tokens(self, request: ChatCompletionRequest) -> int | None:
+        """The client's limit, never above the configured cap; ``None`` when it named none."""
+        asked = request.max_completion_tokens or request.max_tokens
+        return min(asked, self._limits.max_tokens_cap) if asked else None
+
+    async def _upstream_max_tokens(self, call: ChatCall, named: int | None) -> tuple[int, bool]:
+        """(the ``max_tokens`` to send upstream, whether L4 learnt it); asked only on the way upstream."""
+        if named is not None:
+            return named, False
+        if self._caps is None:
+            return min(self._limits.default_max_tokens, self._limits.max_tokens_cap), False
+        return await self._caps.cap(call.category.name, call.request.model)
 
     async def handle(self, call: ChatCall) -> ChatResult:
         """Answer one chat request.
@@ -61,16 +72,16 @@ class ChatPipeline:
         """
         started = time.perf_counter()
         request = call.request
-        max_tokens = self.effective_max_tokens(request)
-        body = {k: v for k, v in call.raw.items() if k != "max_completion_tokens"}
-        body["max_tokens"] = max_tokens
-
-        plan = await self._plan(call, max_tokens)
+        named = self.named_max_tokens(request)
+        plan = await self._plan(call, named)
         plan, hit = await self._cache.lookup(plan)
         if hit is not None:
             return serve_hit(hit, request, started, self._metrics)
-        exchange = Exchange(body=body, stream=request.stream, plan=plan, started=started,
-                            outcome=Outcome.MISS if plan.reads else Outcome.BYPASS)
+        max_tokens, learnt = await self._upstream_max_tokens(call, named)
+        body = {k: v for k, v in call.raw.items() if k != "max_completion_tokens"}
+        body["max_tokens"] = max_tokens
+        exchange = Exchange(body=body, stream=request.stream, plan=plan, started=started, category=call.category.name,
+                            outcome=Outcome.MISS if plan.reads else Outcome.BYPASS, learnt_cap=learnt)
         if self._flight is not None and plan.reads and plan.writes and plan.query is not None:
             query = plan.query
             try:
@@ -85,7 +96,7 @@ class ChatPipeline:
                 return serve_hit(coalesced, request, started, self._metrics, coalesced=True)
         return await self._relay.send(exchange)
 
-    async def _plan(self, call: ChatCall, max_tokens: int) -> CachePlan:
+    async def _plan(self, call: ChatCall, max_tokens: int | None) -> CachePlan:
         if (call.request.n or 1) != 1:
             return CachePlan(CacheMode.UNCACHEABLE)  # several choices cannot be replayed as one
         if call.mode is CacheMode.SKIP:

@@ -61,6 +61,9 @@ class CategoryPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     name: str = ""
     description: str = ""
     ttl_seconds: Annotated[int, Meta(ge=1, le=30 * 86400)]
+    # Cache answers cut by the client's own max_tokens (finish_reason "length") in the exact layer:
+    # the key holds that limit, so it is the answer the same request gets. Never semantically.
+    cache_truncated: bool = True
     semantic: SemanticPolicy = SemanticPolicy()
 
 

@@ -14,6 +14,7 @@ from app.errors import StrataError, UpstreamUnavailable
 from app.metrics import Metrics
 from app.singleflight import Ticket
 from app.stream import StreamAssembler, sse_event
+from app.token_caps import TokenCaps
 from app.upstream import Upstream
 from app.wire import SSE_DONE, ErrorDetail, ErrorResponse, json_encoder
 
@@ -27,6 +28,8 @@ class Exchange(msgspec.Struct, kw_only=True):
         plan: The cache plan; a complete answer is written back when it ``writes``.
         outcome: ``miss`` or ``bypass``, as the response will say.
         started: When the request arrived (``perf_counter``).
+        category: The content category's name.
+        learnt_cap: Whether ``max_tokens`` is L4's learnt cap (its cuts are counted).
         ticket: The single-flight ticket to finish with the answer, if the request leads.
     """
 
@@ -35,6 +38,8 @@ class Exchange(msgspec.Struct, kw_only=True):
     plan: CachePlan
     outcome: Outcome
     started: float
+    category: str = ""
+    learnt_cap: bool = False
     ticket: Ticket | None = None
 
     async def finish(self, answer: bytes | StrataError | None) -> None:
@@ -45,10 +50,20 @@ class Exchange(msgspec.Struct, kw_only=True):
 class Relay:
     """Asks the upstream for one exchange and writes its complete answer back."""
 
-    def __init__(self, upstream: Upstream, cache: LayeredCache, metrics: Metrics) -> None:
+    def __init__(self, upstream: Upstream, cache: LayeredCache, metrics: Metrics, caps: TokenCaps | None = None) -> None:
         self._upstream = upstream
         self._cache = cache
         self._metrics = metrics
+        self._caps = caps
+
+    async def _answered(self, exchange: Exchange, raw: bytes, completion: dict[str, Any]) -> None:
+        """Book an upstream answer: tokens, write-back, L4's length statistics."""
+        self._metrics.upstream_requests.labels("ok").inc()
+        self._metrics.count_tokens(completion.get("usage"))
+        await self._cache.store(exchange.plan, raw, completion)
+        if self._caps is not None:
+            await self._caps.observe(exchange.category, str(exchange.body.get("model", "")), completion,
+                                     exchange.learnt_cap)
 
     async def send(self, exchange: Exchange) -> ChatResult:
         """The upstream's answer as a result (JSON, or a stream that is relayed as it comes).
@@ -77,9 +92,7 @@ class Relay:
         except StrataError:
             self._failed(exchange)
             raise
-        self._metrics.upstream_requests.labels("ok").inc()
-        self._metrics.count_tokens(completion.get("usage"))
-        await self._cache.store(exchange.plan, raw, completion)
+        await self._answered(exchange, raw, completion)
         await exchange.finish(raw)
         self._metrics.finish(exchange.outcome, exchange.started)
         return ChatResult(outcome=exchange.outcome, headers=_headers(exchange), body=raw)
@@ -120,11 +133,9 @@ class Relay:
                 detail = ErrorDetail(message=exc.message, type=exc.error_type, code=exc.code)
                 yield sse_event(json_encoder.encode(ErrorResponse(error=detail)))
                 return
-            self._metrics.upstream_requests.labels("ok").inc()
-            self._metrics.count_tokens(assembler.usage)
             completion = assembler.completion()
             answer = json_encoder.encode(completion)
-            await self._cache.store(exchange.plan, answer, completion)
+            await self._answered(exchange, answer, completion)
             self._metrics.finish(exchange.outcome, exchange.started)
             yield sse_event(SSE_DONE)
         finally:

@@ -77,6 +77,9 @@ class LimitSettings(msgspec.Struct, frozen=True, kw_only=True):
     max_content_chars: int = field(default=65_536, name="max_content_chars")
     tenant_rps: float = field(default=0.0, name="tenant_rps")  # 0: no limit
     tenant_burst: float = field(default=0.0, name="tenant_burst")  # 0: equal to tenant_rps
+    # L4: learn max_tokens per category and model for requests that name none (app/token_caps.py).
+    learn_max_tokens: bool = field(default=True, name="learn_max_tokens")
+    learned_cap_min_answers: int = field(default=50, name="learned_cap_min_answers")
 
 
 _GROUPS: dict[str, type[msgspec.Struct]] = {

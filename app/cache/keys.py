@@ -7,6 +7,9 @@ Redis key layout (every name readable with ``redis-cli``)::
     strata:vN:sem:<sha256>         HASH    L2 entry, indexed by the RediSearch index strata:vN:sem
     strata:vN:lease:<sha256>       STRING  single-flight lease while one worker asks the model
     strata:vN:obs:<category>       HASH    pooled observations of an adaptive category (ok:<bin>, wrong:<bin>)
+    strata:meta:tokens:<category>:<model sha256[:16]>
+                                   HASH    L4: completion lengths of complete answers (b:<bucket of 8>, n,
+                                           capped, cut), for the learned max_tokens
     strata:vN:sem:faq-<sha256>     HASH    a curated answer (`strata faq load`), or one of its variants
     strata:vN:faqset:<name>        SET     the keys one `strata faq load` file wrote (replaced on reload)
 
@@ -95,6 +98,11 @@ def faq_scope_digest(tenant: str, category: str) -> str:
     return _digest(["faq", tenant, category])
 
 
+def token_stats_key(category: str, model: str) -> str:
+    """L4 statistics of one category and model (across versions: answer lengths outlive a bump)."""
+    return f"{NAMESPACE}:meta:tokens:{category}:{hashlib.sha256(model.encode('utf-8')).hexdigest()[:16]}"
+
+
 def observations_key(tag: str, category: str) -> str:
     """Pooled observations of an adaptive category: the prior of every entry in it."""
     return f"{NAMESPACE}:{tag}:obs:{category}"
@@ -155,7 +163,9 @@ class CanonicalRequest(msgspec.Struct, frozen=True, kw_only=True):
         category: The content category: its TTL bounds the age of any answer served for it,
             so an answer stored under a long-lived category must not serve a short-lived one.
         model: The requested model.
-        params: Every output-affecting parameter, ``max_tokens`` as actually sent upstream.
+        params: Every output-affecting parameter; ``max_tokens`` as the client limited it (after
+            the cap), or ``None`` when it named no limit (Strata then picks one, L4, and only
+            complete answers are stored, which do not depend on it).
         system: The leading system and developer messages.
         history: Every message after those and before the last one, in order.
         last: The last message.
@@ -183,7 +193,7 @@ class CanonicalRequest(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def canonicalize(
-    request: ChatCompletionRequest, raw: dict[str, Any], *, tenant: str, category: str, max_tokens: int
+    request: ChatCompletionRequest, raw: dict[str, Any], *, tenant: str, category: str, max_tokens: int | None
 ) -> CanonicalRequest:
     """Build the canonical form of a validated request.
 
@@ -192,7 +202,7 @@ def canonicalize(
         raw: The request as received, holding the pass-through fields too.
         tenant: The tenant the request is served for.
         category: The content category's name.
-        max_tokens: The effective ``max_tokens`` after defaults and the cap.
+        max_tokens: The client's ``max_tokens`` after the cap, or ``None`` when it sent none.
 
     Returns:
         The canonical request; equal for requests that must share a cache entry.

@@ -174,8 +174,12 @@ class LayeredCache:
         if not plan.writes or plan.query is None:
             return
         query = plan.query
-        choices = completion.get("choices") or []
-        if not choices or any(c.get("finish_reason") != "stop" for c in choices):
+        reasons = {c.get("finish_reason") for c in completion.get("choices") or []}
+        complete = reasons == {"stop"}
+        # Cut by the client's own max_tokens (it is in the key): the exact layer may keep it.
+        truncated = (not complete and reasons <= {"stop", "length"} and query.category.cache_truncated
+                     and query.canonical.params.get("max_tokens") is not None)
+        if not complete and not truncated:
             self._skip_store("skipped_incomplete")
             return
         # The answer took seconds to generate: if the cache was invalidated meanwhile, it was
@@ -189,13 +193,16 @@ class LayeredCache:
             self._skip_store("skipped_stale_version")
             return
         for layer in self._layers:
+            if truncated and layer.name != EXACT:
+                self._metrics.stores.labels(layer.name, "skipped_truncated").inc()  # never served semantically
+                continue
             try:
                 await layer.store(query, raw)
             except CACHE_ERRORS as exc:
                 self._metrics.cache_failed(layer.name, "store", exc)
                 continue
             self._metrics.stores.labels(layer.name, "stored").inc()
-        if plan.candidate is not None:
+        if plan.candidate is not None and complete:
             self._learn(query, plan.candidate, raw)
 
     def _learn(self, query: CacheQuery, candidate: Candidate, answer: bytes) -> None:

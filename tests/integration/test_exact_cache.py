@@ -9,8 +9,8 @@ import openai
 import pytest
 import redis
 
-from tests.integration.conftest import ADMIN_TOKEN, MODEL, chat
-from tests.support import FakeUpstream
+from tests.integration.conftest import ADMIN_TOKEN, MODEL, chat, strata_settings
+from tests.support import FakeUpstream, serve_strata
 
 
 def test_miss_then_exact_hit_calls_upstream_once(client: httpx.Client, fake_upstream: FakeUpstream) -> None:
@@ -240,3 +240,30 @@ def test_a_malformed_upstream_chunk_ends_the_stream_with_an_error_event(
     assert response.status_code == 200 and '"type":"upstream_error"' in text and "[DONE]" not in text
     fake_upstream.malformed_chunk = False
     assert client.post("/v1/chat/completions", json=chat("malformed")).headers["x-cache"] == "miss"  # nothing stored
+
+
+def test_answers_cut_by_the_clients_own_limit_are_exact_hits_but_never_semantic(
+        client: httpx.Client, fake_upstream: FakeUpstream, redis_sync: redis.Redis) -> None:
+    fake_upstream.finish_reason = "length"
+    assert client.post("/v1/chat/completions", json=chat("long story", max_tokens=5)).headers["x-cache"] == "miss"
+    assert client.post("/v1/chat/completions", json=chat("long story", max_tokens=5)).headers["x-cache"] == "exact-hit"
+    assert client.post("/v1/chat/completions", json=chat("long story", max_tokens=6)).headers["x-cache"] == "miss"
+    assert list(redis_sync.scan_iter(match="strata:v1:sem:*")) == []
+    assert len(fake_upstream.calls) == 2
+
+
+def test_learned_max_tokens_replace_the_default_once_answers_are_known(
+        redis_url: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream) -> None:
+    fake_upstream.reset()  # the fake answers with completion_tokens 5
+    settings = strata_settings(redis_url, fake_upstream.url, learned_cap_min_answers=3)
+    with serve_strata(settings) as server, httpx.Client(base_url=server.url, timeout=10) as http:
+        for i in range(4):
+            http.post("/v1/chat/completions", json=chat(f"question {i}"))
+        sent = [c["max_tokens"] for c in fake_upstream.calls]
+        named = http.post("/v1/chat/completions", json=chat("named", max_tokens=40))
+        metrics = http.get("/metrics").text
+    assert sent == [64, 64, 64, 16]  # the default (64 here) until 3 answers, then 2 x p95 (8), at least 16
+    assert named.status_code == 200 and fake_upstream.calls[-1]["max_tokens"] == 40  # a client's own limit stands
+    assert 'strata_learned_max_tokens{category="business"} 16.0' in metrics
+    stats = redis_sync.keys("strata:meta:tokens:business:*")
+    assert len(stats) == 1 and redis_sync.hget(stats[0], "n") == b"5" and redis_sync.ttl(stats[0]) > 0
