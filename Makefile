@@ -17,7 +17,7 @@ STRATA_HOST ?= 127.0.0.1
 STRATA_PORT ?= 8080
 export STRATA_HOST STRATA_PORT
 
-.PHONY: help deps test-deps calibrate-deps up down status restart test test-fast bench load train-verifier logs strata-start strata-stop
+.PHONY: help deps test-deps calibrate-deps bench-replay up down status restart test test-fast bench load train-verifier logs strata-start strata-stop
 
 help:
 	@echo "make up      start Redis Stack (6380), vLLM (8000) and Strata (8080) in the background"
@@ -25,6 +25,7 @@ help:
 	@echo "make status  say what runs"
 	@echo "make test    install test dependencies and run the whole suite (own Redis, real vLLM)"
 	@echo "make bench   run the benchmarks and write docs/BENCHMARKS.md"
+	@echo "make bench-replay  replay a stream straight to vLLM and through Strata; docs/REPLAY.md"
 
 deps: $(STAMP)
 test-deps: $(TEST_STAMP)
@@ -118,3 +119,9 @@ bench: deps
 load: deps
 	@$(MAKE) --no-print-directory up
 	$(PY) -m bench.load
+
+# The seed's savings with the real model: one stream straight to vLLM and through Strata (the
+# `make up` stack), same open-loop schedule; writes docs/REPLAY.md and its latency CDF.
+bench-replay: calibrate-deps
+	@$(MAKE) --no-print-directory up
+	$(PY) -m bench.replay_vllm $(REPLAY_ARGS)

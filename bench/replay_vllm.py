@@ -1,0 +1,259 @@
+"""The seed's savings with a real model: one customer-service stream, same arrival schedule,
+straight to vLLM and through Strata in front of the same vLLM (the `make up` stack).
+
+    make bench-replay          # = python -m bench.replay_vllm; writes docs/REPLAY.md and docs/replay-latency-cdf.png
+
+Arms (open loop: request i leaves at i / rate seconds, whatever the answers before it did):
+- direct: to vLLM, streamed, max_tokens = Strata's default (what a client would send);
+- strata: to Strata (category faq), streamed, no max_tokens (Strata's L4 picks it);
+- direct, short prompt: the first requests again with a one-line system prompt (the TTFT a
+  miss would have without prefix caching to do);
+- direct, timestamp: the same with the current time at the head of the system prompt, as the
+  seed warns against: every request is a full prefill.
+Each arm gets a fresh run marker in its system prompt, so Strata starts from an empty cache and
+vLLM's prefix cache from nothing shared with another arm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from app.replay.streams import clinc_stream
+from app.upstream_metrics import read_prefix_cache
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = ROOT.parent / "shared" / "data"
+
+# A long, stable system prompt of the kind real bots carry (about 1,500 tokens with the template).
+POLICY_LINES = [
+    "Greet the customer once, by name if they gave it, and answer in the language they wrote in.",
+    "Never promise a refund amount before the order has been checked in the order system.",
+    "Card questions: a lost card is blocked at once; a new card arrives in five to seven working days.",
+    "Transfers between own accounts are free; transfers abroad cost a fee shown before confirming.",
+    "Balances and transactions are read only after the customer has signed in to the app.",
+    "Travel: tell the customer to set a travel notice so that card payments abroad are not declined.",
+    "Credit limits change only after a review; the customer applies in the app under Cards, Limits.",
+    "Passwords and PINs are never asked for in chat; direct the customer to the app's security page.",
+    "Complaints are logged with a reference and answered within three working days.",
+    "When unsure, say so and offer a call back from a human agent during opening hours.",
+]
+
+
+def system_prompt(marker: str, timestamp: bool = False) -> str:
+    rules = "\n".join(f"{n + 1}. {POLICY_LINES[n % len(POLICY_LINES)]} (section {n // len(POLICY_LINES) + 1})"
+                      for n in range(70))
+    head = f"Current time: {time.strftime('%Y-%m-%d %H:%M:%S')}.{time.perf_counter_ns() % 1000}\n" if timestamp else ""
+    return (f"{head}You are the customer-service assistant of Example Bank. Follow these rules:\n{rules}\n"
+            f"Keep answers under four sentences. Run {marker}.")
+
+
+@dataclass
+class Result:
+    layer: str
+    latency: float
+    ttft: float | None
+    prompt_tokens: int
+    completion_tokens: int
+    error: str | None = None
+
+
+@dataclass
+class Arm:
+    name: str
+    results: list[Result] = field(default_factory=list)
+    prefix_queries: float = 0.0
+    prefix_hits: float = 0.0
+    seconds: float = 0.0
+
+
+async def one(client: httpx.AsyncClient, url: str, body: dict, headers: dict[str, str]) -> Result:
+    started = time.perf_counter()
+    ttft = None
+    usage: dict = {}
+    try:
+        async with client.stream("POST", url, json=body, headers=headers) as response:
+            layer = response.headers.get("x-cache", "direct")
+            if response.status_code != 200:
+                await response.aread()
+                return Result(layer, time.perf_counter() - started, None, 0, 0, f"HTTP {response.status_code}")
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    usage = chunk["usage"]
+                if ttft is None and any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or []):
+                    ttft = time.perf_counter() - started
+    except httpx.HTTPError as exc:
+        return Result("error", time.perf_counter() - started, None, 0, 0, repr(exc))
+    return Result(layer, time.perf_counter() - started, ttft, usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0))
+
+
+async def run_arm(name: str, url: str, vllm: str, model: str, questions: list[str], rate: float, *,
+                  timestamp: bool = False, short: bool = False, through_strata: bool = False,
+                  max_tokens: int = 256) -> Arm:
+    arm = Arm(name)
+    marker = uuid.uuid4().hex[:8]
+    async with httpx.AsyncClient(timeout=600) as client:
+        before = read_prefix_cache((await client.get(vllm + "/metrics")).text)
+        start = time.perf_counter()
+
+        async def send(i: int, question: str) -> Result:
+            await asyncio.sleep(max(0.0, start + i / rate - time.perf_counter()))
+            prompt = f"You are Example Bank's assistant. Run {marker}." if short else system_prompt(marker, timestamp)
+            body: dict = {"model": model, "stream": True, "stream_options": {"include_usage": True}, "temperature": 0,
+                          "messages": [{"role": "system", "content": prompt}, {"role": "user", "content": question}]}
+            if not through_strata:
+                body["max_tokens"] = max_tokens
+            return await one(client, url + "/v1/chat/completions", body, {"X-Cache-Category": "faq"})
+
+        arm.results = list(await asyncio.gather(*(send(i, q) for i, q in enumerate(questions))))
+        arm.seconds = time.perf_counter() - start
+        after = read_prefix_cache((await client.get(vllm + "/metrics")).text)
+    if before and after and after.queries is not None and before.queries is not None:
+        arm.prefix_queries = after.queries - before.queries
+        arm.prefix_hits = (after.hits or 0) - (before.hits or 0)
+    return arm
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def summary(arm: Arm) -> dict:
+    ok = [r for r in arm.results if r.error is None]
+    latencies = [r.latency for r in ok]
+    upstream = [r for r in ok if r.layer in ("direct", "miss", "bypass")]
+    ttfts = [r.ttft for r in upstream if r.ttft is not None]
+    return {
+        "requests": len(arm.results), "errors": len(arm.results) - len(ok),
+        "mean": sum(latencies) / max(1, len(latencies)), "p50": pct(latencies, 0.5), "p95": pct(latencies, 0.95),
+        "p99": pct(latencies, 0.99), "ttft_p50": pct(ttfts, 0.5), "ttft_mean": sum(ttfts) / max(1, len(ttfts)),
+        "upstream": len(upstream),
+        "prompt_tokens": sum(r.prompt_tokens for r in upstream), "completion_tokens": sum(r.completion_tokens for r in upstream),
+        "layers": {layer: sum(1 for r in ok if r.layer == layer) for layer in sorted({r.layer for r in ok})},
+        "prefix_ratio": arm.prefix_hits / arm.prefix_queries if arm.prefix_queries else None,
+        "seconds": arm.seconds,
+    }
+
+
+def plot(direct: Arm, strata: Arm, output: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 4.5), dpi=110)
+    for arm in (direct, strata):
+        values = sorted(r.latency for r in arm.results if r.error is None)
+        axis.step(values, [(i + 1) / len(values) for i in range(len(values))], where="post", label=arm.name)
+    axis.set(xscale="log", xlabel="latency, seconds (log)", ylabel="share of requests", title="Latency CDF, same schedule")
+    axis.legend(loc="lower right")
+    axis.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(output)
+    plt.close(figure)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--strata", default="http://127.0.0.1:8080")
+    parser.add_argument("--vllm", default="http://127.0.0.1:8000")
+    parser.add_argument("--requests", type=int, default=120)
+    parser.add_argument("--side-requests", type=int, default=30, help="requests of the short-prompt and timestamp arms")
+    parser.add_argument("--rate", type=float, default=0.5, help="requests per second (open loop)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=str(ROOT / "docs" / "REPLAY.md"))
+    args = parser.parse_args()
+    source = SHARED / "clinc150.csv"
+    if not source.exists():
+        print(f"bench-replay: {source} is missing", file=sys.stderr)
+        return 2
+    # A bank bot's traffic: the banking intents of CLINC150 (the first 40 by name), Zipf, seeded.
+    questions = [r.text for r in clinc_stream(source, args.requests, args.seed, domain_intents=40)]
+    model = httpx.get(args.vllm + "/v1/models", timeout=10).json()["data"][0]["id"]
+    arms = {}
+    for name, kwargs, count in (
+        ("direct", {"url": args.vllm}, args.requests),
+        ("strata", {"url": args.strata, "through_strata": True}, args.requests),
+        ("direct, short prompt", {"url": args.vllm, "short": True}, args.side_requests),
+        ("direct, timestamp in prompt", {"url": args.vllm, "timestamp": True}, args.side_requests),
+    ):
+        arm = asyncio.run(run_arm(name, vllm=args.vllm, model=model, questions=questions[:count], rate=args.rate, **kwargs))
+        arms[name] = arm
+        print(f"{name}: {json.dumps(summary(arm))}", flush=True)
+    write(arms, args, model)
+    return 0
+
+
+def write(arms: dict[str, Arm], args: argparse.Namespace, model: str) -> None:
+    rows = {name: summary(arm) for name, arm in arms.items()}
+    d, s = rows["direct"], rows["strata"]
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    command = "make bench-replay" + (f" REPLAY_ARGS='{' '.join(sys.argv[1:])}'" if sys.argv[1:] else "")
+    figure = Path(args.out).with_name("replay-latency-cdf.png")
+    plot(arms["direct"], arms["strata"], figure)
+
+    def f(value: float | None, unit: str = "s") -> str:
+        return "n/a" if value is None or value != value else f"{value:.2f} {unit}".strip()
+
+    lines = [
+        "# Replay through a real model",
+        "",
+        "Written by the command below; nothing here is typed in.",
+        "",
+        f"- Command: `{command}` (against the `make up` stack: Strata {args.strata}, vLLM {args.vllm})",
+        f"- Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; machine: {os.cpu_count()} cores ({cpu})",
+        f"- Model: {model} on vLLM (CPU build), prefix caching on, block size 32",
+        f"- Stream: {args.requests} questions from CLINC150's first 40 intents, Zipf, seed {args.seed}; open loop at "
+        f"{args.rate} requests/s, the same schedule in every arm; streamed; system prompt of about 1,500 tokens "
+        "(`bench/replay_vllm.py: system_prompt`), stable within an arm",
+        "",
+        "| arm | requests | mean | p50 | p95 | p99 | TTFT of model answers, p50 | upstream calls | prompt tokens to the model | completion tokens | hits by layer | vLLM prefix-cache hit ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in rows.items():
+        layers = ", ".join(f"{k} {v}" for k, v in r["layers"].items())
+        ratio = "n/a" if r["prefix_ratio"] is None else f"{r['prefix_ratio']:.1%}"
+        lines.append(f"| {name} | {r['requests']} ({r['errors']} errors) | {f(r['mean'])} | {f(r['p50'])} | {f(r['p95'])} | "
+                     f"{f(r['p99'])} | {f(r['ttft_p50'])} | {r['upstream']} | {r['prompt_tokens']:,} | "
+                     f"{r['completion_tokens']:,} | {layers} | {ratio} |")
+    lines += [
+        "",
+        "Through Strata against direct (same requests, same schedule):",
+        "",
+        f"- mean latency {s['mean'] / d['mean']:.2f}x, p99 {s['p99'] / d['p99']:.2f}x (targets: at most 1/3 and 1/2)",
+        f"- upstream calls {s['upstream'] / d['upstream']:.0%} of direct, completion tokens "
+        f"{s['completion_tokens'] / max(1, d['completion_tokens']):.0%}, prompt tokens {s['prompt_tokens'] / max(1, d['prompt_tokens']):.0%} "
+        "(target: at most 45% for calls and completion tokens)",
+        f"- TTFT of model answers with the long stable prompt: p50 {f(d['ttft_p50'])} direct vs "
+        f"{f(rows['direct, short prompt']['ttft_p50'])} with a one-line prompt "
+        f"({d['ttft_p50'] / rows['direct, short prompt']['ttft_p50']:.2f}x; target within 1.2x); with a timestamp at the head "
+        f"of the prompt {f(rows['direct, timestamp in prompt']['ttft_p50'])} and a prefix-cache hit ratio of "
+        f"{rows['direct, timestamp in prompt']['prefix_ratio'] or 0:.1%} instead of {d['prefix_ratio'] or 0:.1%}",
+        "",
+        f"![latency CDF]({figure.name})",
+        "",
+    ]
+    marker = "\n## Analysis"
+    existing = Path(args.out).read_text(encoding="utf-8") if Path(args.out).exists() else ""
+    analysis = existing[existing.index(marker):] if marker in existing else ""
+    Path(args.out).write_text("\n".join(lines) + analysis, encoding="utf-8")
+    print(f"bench-replay: wrote {args.out} and {figure}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
