@@ -4,6 +4,9 @@
     strata calibrate fit --pairs FILE.csv --target-precision 0.99 [--margin Z] [--category NAME ...] [--plot FILE.png]
     strata calibrate train [--data-dir DIR] [--out schemas/verifier.json]
     strata calibrate qqp-hard --split eval|train --out FILE.csv [--pool N] [--data-dir DIR]
+    strata replay build --source clinc|afqmc --out FILE.jsonl [--requests N] [--seed S] [--oos-share X]
+    strata replay run --stream FILE (--url URL | --simulate) [--category NAME] [--policy FILE] [--plot FILE.png]
+    strata faq load FILE.csv|FILE.yaml [--name NAME]
     strata keys [--file KEYS.json] add --tenant NAME | revoke KEY_ID | list
 
 Settings (embedder, policy file, verifier files) come from the same ``STRATA_*`` environment
@@ -239,7 +242,7 @@ def cmd_replay_run(args: argparse.Namespace, settings: Settings) -> int:
     except StreamFileError as exc:
         return _fail(str(exc))
     if args.policy:
-        settings = msgspec_replace(settings, policy_file=str(Path(args.policy).resolve()))
+        settings = _replace(settings, policy_file=str(Path(args.policy).resolve()))
     try:
         categories = Policy.load(settings.resolve(settings.policy_file)).categories
     except ValueError as exc:
@@ -298,7 +301,7 @@ def cmd_faq_load(args: argparse.Namespace, settings: Settings) -> int:
         options = settings.semantic
         encoder = await asyncio.to_thread(load_encoder, options.embedder, options.embedder_model)
         embedder = BatchingEmbedder(encoder)
-        redis = connect_redis(msgspec_replace(settings.redis, timeout_s=10.0))
+        redis = connect_redis(_replace(settings.redis, timeout_s=10.0))
         try:
             semantic = SemanticCache(redis, embedder, settings.resolve(options.index_schema))
             tag = await reconcile(redis, VersionTag(redis), semantic)
@@ -319,7 +322,7 @@ def cmd_faq_load(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def msgspec_replace(settings: Settings, **changes: object) -> Settings:
+def _replace(settings: Settings, **changes: object) -> Settings:
     import msgspec
 
     return msgspec.structs.replace(settings, **changes)

@@ -52,7 +52,7 @@ POLICY_LINES = [
 
 def system_prompt(marker: str, timestamp: bool = False) -> str:
     rules = "\n".join(f"{n + 1}. {POLICY_LINES[n % len(POLICY_LINES)]} (section {n // len(POLICY_LINES) + 1})"
-                      for n in range(70))
+                      for n in range(52))
     head = f"Current time: {time.strftime('%Y-%m-%d %H:%M:%S')}.{time.perf_counter_ns() % 1000}\n" if timestamp else ""
     return (f"{head}You are the customer-service assistant of Example Bank. Follow these rules:\n{rules}\n"
             f"Keep answers under four sentences. Run {marker}.")
@@ -175,14 +175,17 @@ def main() -> int:
     parser.add_argument("--side-requests", type=int, default=30, help="requests of the short-prompt and timestamp arms")
     parser.add_argument("--rate", type=float, default=0.5, help="requests per second (open loop)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--phrasings", type=int, default=4, help="utterances per intent (0: a fresh one each time)")
     parser.add_argument("--out", default=str(ROOT / "docs" / "REPLAY.md"))
     args = parser.parse_args()
     source = SHARED / "clinc150.csv"
     if not source.exists():
         print(f"bench-replay: {source} is missing", file=sys.stderr)
         return 2
-    # A bank bot's traffic: the banking intents of CLINC150 (the first 40 by name), Zipf, seeded.
-    questions = [r.text for r in clinc_stream(source, args.requests, args.seed, domain_intents=40)]
+    # A bank bot's traffic: CLINC150's first 40 intents by name, Zipf, seeded, each asked in one of
+    # --phrasings utterances (customers repeat each other word for word; 0: a fresh one each time).
+    questions = [r.text for r in clinc_stream(source, args.requests, args.seed, domain_intents=40,
+                                               phrasings=args.phrasings)]
     model = httpx.get(args.vllm + "/v1/models", timeout=10).json()["data"][0]["id"]
     arms = {}
     for name, kwargs, count in (
@@ -218,9 +221,11 @@ def write(arms: dict[str, Arm], args: argparse.Namespace, model: str) -> None:
         f"- Command: `{command}` (against the `make up` stack: Strata {args.strata}, vLLM {args.vllm})",
         f"- Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; machine: {os.cpu_count()} cores ({cpu})",
         f"- Model: {model} on vLLM (CPU build), prefix caching on, block size 32",
-        f"- Stream: {args.requests} questions from CLINC150's first 40 intents, Zipf, seed {args.seed}; open loop at "
-        f"{args.rate} requests/s, the same schedule in every arm; streamed; system prompt of about 1,500 tokens "
-        "(`bench/replay_vllm.py: system_prompt`), stable within an arm",
+        f"- Stream: {args.requests} questions from CLINC150's first 40 intents, Zipf, seed {args.seed}, "
+        f"{args.phrasings or 'a fresh utterance each time from all'} utterances per intent; open loop at "
+        f"{args.rate} requests/s, the same schedule in every arm; streamed; a system prompt stable within an arm "
+        f"(`bench/replay_vllm.py: system_prompt`): {d['prompt_tokens'] / max(1, d['upstream']):,.0f} prompt tokens per "
+        "request on average in the direct arm, template and question included",
         "",
         "| arm | requests | mean | p50 | p95 | p99 | TTFT of model answers, p50 | upstream calls | prompt tokens to the model | completion tokens | hits by layer | vLLM prefix-cache hit ratio |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",

@@ -48,10 +48,11 @@ def zipf_stream(groups: dict[str, list[str]], requests: int, seed: int, exponent
 
 
 def clinc_stream(path: Path, requests: int = 3000, seed: int = 0, oos_share: float = 0.0,
-                 domain_intents: int = 0) -> list[Request]:
+                 domain_intents: int = 0, phrasings: int = 0) -> list[Request]:
     """A CLINC150 stream: in-scope intents by Zipf; with ``oos_share`` that share of requests is
     out of scope, each its own label. ``domain_intents`` > 0 keeps only that many intents (a
-    narrower bot)."""
+    narrower bot); ``phrasings`` > 0 keeps that many utterances per intent (seeded), so that
+    customers repeat each other word for word, as they do."""
     groups: dict[str, list[str]] = defaultdict(list)
     out_of_scope = []
     with path.open(encoding="utf-8-sig", newline="") as handle:
@@ -64,6 +65,10 @@ def clinc_stream(path: Path, requests: int = 3000, seed: int = 0, oos_share: flo
     if domain_intents:
         keep = sorted(groups)[:domain_intents]
         groups = defaultdict(list, {name: groups[name] for name in keep})
+    if phrasings:
+        pick = random.Random(seed + 2)
+        groups = defaultdict(list, {name: pick.sample(sorted(texts), min(phrasings, len(texts)))
+                                    for name, texts in groups.items()})
     stream = zipf_stream(groups, requests, seed)
     if oos_share > 0:
         rng = random.Random(seed + 1)
