@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import random
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,10 @@ class SemanticCache:
         self._schema_template = yaml.safe_load(schema_path.read_text(encoding="utf-8"))
         self._check = check or CandidateCheck(ThresholdVerifier())
         self.pooled = PooledObservations(redis, learning_refresh_s)
+        # Which would-be hits are explored: random across questions and across repeats of one
+        # question (a question served wrongly is checked again), and seeded, so that a replay of
+        # a stream in one process makes the same draws every time.
+        self._explore = random.Random(0)
         self._indexes: dict[str, AsyncSearchIndex] = {}
         self._index_lock = asyncio.Lock()
         # Recent question embeddings: the write-back after a miss reuses the lookup's vector.
@@ -208,7 +213,7 @@ class SemanticCache:
             answer = row[FIELD_ANSWER]
             candidate = Candidate(key=key, root=root, question=row[FIELD_QUESTION], similarity=similarity, score_bin=bin_,
                                   answer=answer.encode() if isinstance(answer, str) else answer)
-            if verdict.accepted and policy.explore and _draw(query) < policy.explore:
+            if verdict.accepted and policy.explore and self._explore.random() < policy.explore:
                 return msgspec.structs.replace(candidate, explored=True)
             if verdict.accepted:
                 return await self._hit(key, row, similarity, verdict.reason)
@@ -238,12 +243,6 @@ class SemanticCache:
             query, completion, scope=canonical.scope_digest, embedding=vector.astype(np.float32).tobytes(), root=key
         )
         await write_entry(self._redis, key, entry)
-
-
-def _draw(query: CacheQuery) -> float:
-    """A uniform draw in [0, 1) fixed by the request itself (its digest): which would-be hits are
-    explored is then random across questions yet the same on every replay of a stream."""
-    return int(query.canonical.exact_digest[:8], 16) / 0x1_0000_0000
 
 
 def _milli(similarity: float) -> int:
