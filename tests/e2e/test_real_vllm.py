@@ -42,16 +42,23 @@ def test_streaming_through_the_sdk_miss_then_hit(strata_e2e: str, vllm: tuple[st
     assert texts[0] and texts[0] == texts[1]
 
 
-def test_truncated_answers_from_the_model_are_not_cached(strata_e2e: str, vllm: tuple[str, str]) -> None:
+def test_answers_cut_by_the_clients_limit_are_exact_hits_and_cut_defaults_are_not_cached(
+        strata_e2e: str, vllm: tuple[str, str], redis_sync: redis.Redis) -> None:
     _, model = vllm
     sdk = openai.OpenAI(base_url=strata_e2e + "/v1", api_key="unused", max_retries=0)
     question = [{"role": "user", "content": "Write a long story about a dragon."}]
-    caches = []
+    named, unnamed = [], []
     for _ in range(2):
+        # The client's own limit is in the key: the cut answer is what this request gets (L1 only).
         response = sdk.chat.completions.with_raw_response.create(model=model, messages=question, temperature=0, max_tokens=8)
         assert response.parse().choices[0].finish_reason == "length"
-        caches.append(response.headers["x-cache"])
-    assert caches == ["miss", "miss"]
+        named.append((response.headers["x-cache"], response.parse().choices[0].message.content))
+        # No limit named: Strata picked one (48 here), so a cut answer is not stored.
+        response = sdk.chat.completions.with_raw_response.create(model=model, messages=question, temperature=0)
+        assert response.parse().choices[0].finish_reason == "length"
+        unnamed.append(response.headers["x-cache"])
+    assert [c for c, _ in named] == ["miss", "exact-hit"] and named[0][1] == named[1][1]
+    assert unnamed == ["miss", "miss"]
 
 
 def test_models_list_passes_through(strata_e2e: str, vllm: tuple[str, str]) -> None:
