@@ -77,11 +77,8 @@ class ChatPipeline:
         plan, hit = await self._cache.lookup(plan)
         if hit is not None:
             return serve_hit(hit, request, started, self._metrics)
-        max_tokens, learnt = await self._upstream_max_tokens(call, named)
-        body = {k: v for k, v in call.raw.items() if k != "max_completion_tokens"}
-        body["max_tokens"] = max_tokens
-        exchange = Exchange(body=body, stream=request.stream, plan=plan, started=started, category=call.category.name,
-                            outcome=Outcome.MISS if plan.reads else Outcome.BYPASS, learnt_cap=learnt)
+        exchange = Exchange(body={}, stream=request.stream, plan=plan, started=started, category=call.category.name,
+                            outcome=Outcome.MISS if plan.reads else Outcome.BYPASS)
         if self._flight is not None and plan.reads and plan.writes and plan.query is not None:
             query = plan.query
             try:
@@ -94,6 +91,15 @@ class ChatPipeline:
             if exchange.ticket.answer is not None:
                 coalesced = CacheHit(layer="exact", completion=exchange.ticket.answer)
                 return serve_hit(coalesced, request, started, self._metrics, coalesced=True)
+        # Only the request that asks the model needs a limit; awaited after coalescing, so that no
+        # round trip widens the window between a follower's lookup and its joining the leader.
+        try:
+            max_tokens, exchange.learnt_cap = await self._upstream_max_tokens(call, named)
+        except BaseException:
+            await exchange.finish(None)  # followers must not wait for a leader that never asks
+            raise
+        exchange.body = {k: v for k, v in call.raw.items() if k != "max_completion_tokens"}
+        exchange.body["max_tokens"] = max_tokens
         return await self._relay.send(exchange)
 
     async def _plan(self, call: ChatCall, max_tokens: int | None) -> CachePlan:
