@@ -108,13 +108,17 @@ class SingleFlight:
         lease = None
         try:
             lease = await self._acquire(key)
-            if lease is None:  # another worker is asking the model: wait for its answer
-                answer = await self._wait(key, read)
-                if answer is not None:
-                    self._finish_local(key, future, answer)
-                    self._metrics.singleflight.labels("follower_remote").inc()
-                    return Ticket("remote", answer)
+            # Holding the lease, or waiting for its holder: either way the answer may already be
+            # stored by a leader that finished since this request's lookup missed.
+            answer = await read() if lease is not None else await self._wait(key, read)
+            if answer is None and lease is None:
                 lease = await self._acquire(key)  # it is gone without an answer: lead instead
+            if answer is not None:
+                if lease is not None:
+                    await lease.release()
+                self._finish_local(key, future, answer)
+                self._metrics.singleflight.labels("follower_remote").inc()
+                return Ticket("remote", answer)
         except CACHE_ERRORS as exc:
             self._metrics.cache_failed("singleflight", "lease", exc)  # go on uncoordinated
         except BaseException:
