@@ -167,7 +167,9 @@ class LayeredCache:
             hit = await self._by_name[EXACT].lookup(query)
         except StaleVersion:
             return None  # invalidated while waiting: the leader's answer will not be stored
-        return hit.completion if isinstance(hit, CacheHit) else None
+        if not isinstance(hit, CacheHit) or decode_completion(hit.completion) is None:
+            return None  # a corrupt entry is no answer: the leader's fresh one overwrites it
+        return hit.completion
 
     async def store(self, plan: CachePlan, raw: bytes, completion: dict[str, Any]) -> None:
         """Write a complete answer to every layer; anything else is not cached."""
