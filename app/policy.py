@@ -37,6 +37,13 @@ class SemanticPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     answer_threshold: Similarity = 0.92
     answer_overlap: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.7
     max_aliases: Annotated[int, Meta(ge=0, le=10_000)] = 64
+    # An entry's own record (adaptive categories): below what the pooled observations allow, a
+    # candidate is still served when its entry's answer was confirmed this many times at a score
+    # no higher than the candidate's, no other answer is within `entry_margin` of it, its score
+    # is at least `entry_floor`, and the entry was never wrong near this similarity. 0 turns it off.
+    entry_confirmations: Annotated[int, Meta(ge=0, le=1_000)] = 0
+    entry_floor: Annotated[float, Meta(ge=0.0, le=1.5)] = 0.75
+    entry_margin: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.06
 
     def __post_init__(self) -> None:
         if self.accept_above < self.threshold:

@@ -53,6 +53,8 @@ FIELD_ALIASES = "aliases"
 FIELD_WRONG_ABOVE = "wrong_above"
 OBS_OK = "ok"
 OBS_WRONG = "wrong"
+# On an entry: equivalent observations of any of its documents per score bin (its own record).
+OBS_CONFIRMED = "confirmed"
 OBS_EXPLORED_OK = "explored_ok"
 OBS_EXPLORED_WRONG = "explored_wrong"
 

@@ -37,6 +37,7 @@ from app.cache.keys import (
     FIELD_EXPIRES_AT,
     FIELD_ROOT,
     FIELD_WRONG_ABOVE,
+    OBS_CONFIRMED,
     OBS_EXPLORED_OK,
     OBS_EXPLORED_WRONG,
     OBS_OK,
@@ -65,7 +66,9 @@ POOLED_REFRESH_S = 1.0
 # Counts one observation on the document (only if it still exists: a miss must never create a
 # key without TTL) and in the category's pool; a wrong one also raises the highest wrong
 # similarity of the document and of its entry (so every alias of the entry is vetoed there).
-# KEYS: document, pool, entry. ARGV: field, wrong (0/1), similarity x1000, explored field or "", pool TTL.
+# An equivalent one also counts on the entry's own record (``confirmed:<bin>``).
+# KEYS: document, pool, entry. ARGV: field, wrong (0/1), similarity x1000, explored field or "",
+# pool TTL, entry record field.
 _OBSERVE = f"""
 local function raise_wrong(key)
   if redis.call('EXISTS', key) == 0 then return end
@@ -76,6 +79,8 @@ if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HINCRBY', KEYS[1], ARGV[1
 if ARGV[2] == '1' then
   raise_wrong(KEYS[1])
   raise_wrong(KEYS[3])
+elseif redis.call('EXISTS', KEYS[3]) == 1 then
+  redis.call('HINCRBY', KEYS[3], ARGV[6], 1)
 end
 redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
 if ARGV[4] ~= '' then redis.call('HINCRBY', KEYS[2], ARGV[4], 1) end
@@ -189,6 +194,31 @@ def within_bound(counts: PooledCounts, bin_: int, policy: SemanticPolicy, *, pri
     return (lower if prior else upper) <= policy.error_bound
 
 
+# An entry that was ever wrong within this similarity of a candidate does not vouch for it.
+ENTRY_WRONG_GAP = 0.05
+
+
+def entry_record_fields(floor: float, bin_: int) -> list[str]:
+    """The entry's record fields an entry-record decision reads: confirmations at scores from
+    the band's floor up to the candidate's bin, and the entry's highest wrong similarity."""
+    return [FIELD_WRONG_ABOVE] + [observation_field(OBS_CONFIRMED, b) for b in range(score_bin(floor), bin_ + 1)]
+
+
+def entry_vouches(values: list[bytes | str | None], similarity: float, policy: SemanticPolicy) -> bool:
+    """Whether an entry's record (the values of :func:`entry_record_fields`) vouches for a
+    candidate: confirmed at least ``entry_confirmations`` times at a score no higher than the
+    candidate's, and never wrong within ``ENTRY_WRONG_GAP`` below its similarity or above.
+
+    Questions that reached this entry at lower scores had its answer, so a closer one is
+    likely to; what is new near it (another intent arriving) is caught by the margin and the
+    entry's wrong observations, and the pooled bound still governs everything else.
+    """
+    wrong_above = int(values[0] or -1)
+    if wrong_above >= 0 and similarity * 1000 <= wrong_above + ENTRY_WRONG_GAP * 1000:
+        return False
+    return sum(int(v or 0) for v in values[1:]) >= policy.entry_confirmations
+
+
 def answer_text(completion: bytes) -> str | None:
     decoded = decode_completion(completion)
     if decoded is None:
@@ -256,7 +286,8 @@ class AnswerLearner:
         explored = (OBS_EXPLORED_OK if same else OBS_EXPLORED_WRONG) if candidate.explored else ""
         await self._observe(
             keys=[candidate.key, observations_key(query.version, query.category.name), candidate.root],
-            args=[field, "0" if same else "1", int(round(candidate.similarity * 1000)), explored, POOLED_TTL_S],
+            args=[field, "0" if same else "1", int(round(candidate.similarity * 1000)), explored, POOLED_TTL_S,
+                  observation_field(OBS_CONFIRMED, candidate.score_bin)],
         )
         if same and policy.max_aliases > 0:
             new_key = semantic_prefix(query.version) + query.canonical.exact_digest

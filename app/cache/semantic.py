@@ -44,9 +44,18 @@ from app.cache.keys import (
     semantic_index_name,
     semantic_prefix,
 )
-from app.cache.learning import PooledObservations, decision_score, score_bin, within_bound
+from app.cache.learning import (
+    MARGIN_WEIGHT,
+    PooledObservations,
+    decision_score,
+    entry_record_fields,
+    entry_vouches,
+    score_bin,
+    within_bound,
+)
 from app.cache.verify import CandidateCheck, ThresholdVerifier
 from app.embed import Embedder
+from app.policy import SemanticPolicy
 
 logger = logging.getLogger("strata.semantic")
 
@@ -196,7 +205,8 @@ class SemanticCache:
                 continue
             root = _text(row.get(FIELD_ROOT)) or key
             others = [s for k, s, r in rows if (_text(r.get(FIELD_ROOT)) or k) != root]
-            bin_ = score_bin(decision_score(similarity, max(others) if others else None, policy.threshold))
+            score = decision_score(similarity, max(others) if others else None, policy.threshold)
+            bin_ = score_bin(score)
             wrong_before = _milli(similarity) <= int(row.get(FIELD_WRONG_ABOVE) or -1)
             # From accept_above a candidate that passes the guards is served unless the observations
             # refute it (the category's prior); below it, they must show it is safe.
@@ -204,12 +214,17 @@ class SemanticCache:
             within = not wrong_before and within_bound(
                 await self.pooled.counts(query.version, query.category.name), bin_, policy, prior=prior
             )
+            entry = False
             if within and root != key:
                 # A wrong observation on any document of the entry vetoes its aliases too; read
                 # only for would-be hits, so misses cost no extra round trip.
                 wrong_before = _milli(similarity) <= int(await self._redis.hget(root, FIELD_WRONG_ABOVE) or -1)
                 within = not wrong_before
-            verdict = self._check.learned(within, wrong_before, prior)
+            elif not within and not wrong_before and self._entry_may_vouch(policy, similarity, score):
+                # Below what the pool allows, the entry's own record may (one read of its fields).
+                values = await self._redis.hmget(root, entry_record_fields(policy.threshold, bin_))
+                within = entry = entry_vouches(values, similarity, policy)
+            verdict = self._check.learned(within, wrong_before, prior, entry)
             answer = row[FIELD_ANSWER]
             candidate = Candidate(key=key, root=root, question=row[FIELD_QUESTION], similarity=similarity, score_bin=bin_,
                                   answer=answer.encode() if isinstance(answer, str) else answer)
@@ -219,6 +234,13 @@ class SemanticCache:
                 return await self._hit(key, row, similarity, verdict.reason)
             return candidate
         return None
+
+    @staticmethod
+    def _entry_may_vouch(policy: SemanticPolicy, similarity: float, score: float) -> bool:
+        """Whether an entry's record is worth reading: on, the score above its floor, and no
+        other answer within ``entry_margin`` (the score holds half the margin)."""
+        margin = (score - similarity) / MARGIN_WEIGHT
+        return policy.entry_confirmations > 0 and score >= policy.entry_floor and margin >= policy.entry_margin
 
     async def _hit(self, key: str, row: dict[str, Any], similarity: float, reason: str) -> CacheHit:
         await self._redis.hincrby(key, FIELD_HITS, 1)

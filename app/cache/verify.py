@@ -50,6 +50,7 @@ VERIFIER_REJECTED = "verifier_rejected"
 WITHIN_BOUND = "within_bound"
 OUTSIDE_BOUND = "outside_bound"
 WRONG_BEFORE = "wrong_before"
+ENTRY_RECORD = "entry_record"
 
 _TOKEN = re.compile(r"[a-z0-9]+(?:'[a-z]+)?|[\u3400-\u9fff]")
 _NUMBER = re.compile(r"\d+(?:\.\d+)?|[零一二两三四五六七八九十百千万亿]+(?=[个元块号日月年天次期笔张位岁%])")
@@ -431,13 +432,14 @@ class CandidateCheck:
         rejection = self.verifier.guard(asked, cached)
         return None if rejection is None else self._count(Verdict(False, rejection))
 
-    def learned(self, within: bool, wrong_before: bool, prior: bool = False) -> Verdict:
+    def learned(self, within: bool, wrong_before: bool, prior: bool = False, entry: bool = False) -> Verdict:
         """The verdict of an adaptive category's decision (counted): ``above_band`` when the
-        similarity alone reaches ``accept_above``, ``within_bound`` when the observations allow it."""
+        similarity alone reaches ``accept_above``, ``within_bound`` when the pooled observations
+        allow it, ``entry_record`` when the candidate's entry vouches for it."""
         if wrong_before:
             return self._count(Verdict(False, WRONG_BEFORE))
         if within:
-            return self._count(Verdict(True, ABOVE_BAND if prior else WITHIN_BOUND))
+            return self._count(Verdict(True, ABOVE_BAND if prior else ENTRY_RECORD if entry else WITHIN_BOUND))
         return self._count(Verdict(False, OUTSIDE_BOUND))
 
     async def confirmed(self, verdict: Verdict, asked: str, cached: str, policy: SemanticPolicy, model: str) -> Verdict:

@@ -190,3 +190,30 @@ def test_the_learning_queue_is_bounded(redis_url: str, redis_sync: redis.Redis, 
         assert time.monotonic() - started < 1.0  # nobody waited for the judge
         metrics = httpx.get(server.url + "/metrics").text
     assert 'strata_semantic_observations_total{category="learn_judged",explored="false",result="dropped"}' in metrics
+
+
+ENTRY = {"X-Cache-Category": "learn_entry"}
+
+
+def test_an_entry_confirmed_below_a_score_vouches_for_it_there(
+        strata: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream) -> None:
+    fake_upstream.answers.update({q: REFUND for q in ("怎么申请退款", "退款怎么申请", "如何申请退款")})
+    ask(strata, "怎么申请退款", headers=ENTRY)
+    # Too few observations in the pool and no record yet: a miss, whose equivalent answer is
+    # counted on the entry's own record (confirmed:<bin>), not only on the pool.
+    assert ask(strata, "退款怎么申请", headers=ENTRY).headers["x-cache"] == "miss"
+    entry_key, _ = sem_doc(redis_sync, "怎么申请退款")
+    record = eventually(lambda: {k.decode(): int(v) for k, v in redis_sync.hgetall(entry_key).items()
+                                 if k.startswith(b"confirmed:")})
+    assert sum(record.values()) == 1
+    # Confirmed often enough at a score below any paraphrase's: the entry vouches.
+    redis_sync.hset(entry_key, "confirmed:050", 3)
+    served = ask(strata, "如何申请退款", headers=ENTRY)
+    assert served.headers["x-cache"] == "semantic-hit" and served.headers["x-cache-verdict"] == "entry_record"
+    assert len(fake_upstream.calls) == 2
+    # Wrong once close below this similarity: the entry no longer vouches there.
+    similarity = float(served.headers["x-cache-similarity"])
+    redis_sync.hset(entry_key, "wrong_above", int(similarity * 1000) - 20)
+    forget_question(redis_sync, "如何申请退款")
+    again = ask(strata, "如何申请退款", headers=ENTRY)
+    assert again.headers["x-cache"] == "miss"

@@ -12,6 +12,8 @@ from app.cache.learning import (
     AnswerLearner,
     PooledCounts,
     decision_score,
+    entry_record_fields,
+    entry_vouches,
     score_bin,
     wilson_upper,
     within_bound,
@@ -81,3 +83,19 @@ def test_a_prior_serves_until_the_observations_refute_it() -> None:
     assert not within_bound(refuted, 90, ADAPTIVE, prior=True)
     unclear = PooledCounts({"ok:095": 98, "wrong:095": 2})  # 2% of 100: not enough to withdraw it
     assert within_bound(unclear, 90, ADAPTIVE, prior=True) and not within_bound(unclear, 90, ADAPTIVE)
+
+
+ENTRY_POLICY = SemanticPolicy(threshold=0.6, accept_above=0.9, error_bound=0.01, entry_confirmations=3)
+
+
+def test_an_entry_vouches_with_enough_confirmations_and_no_wrong_nearby() -> None:
+    fields = entry_record_fields(0.6, 82)
+    assert fields[0] == "wrong_above" and fields[1] == "confirmed:060" and fields[-1] == "confirmed:082"
+    confirmations = [None] * (len(fields) - 1)
+    confirmations[5] = b"2"
+    assert not entry_vouches([None, *confirmations], 0.80, ENTRY_POLICY)  # two of three
+    confirmations[10] = b"1"
+    assert entry_vouches([None, *confirmations], 0.80, ENTRY_POLICY)
+    assert not entry_vouches([b"760", *confirmations], 0.80, ENTRY_POLICY)  # wrong at 0.76: within the gap
+    assert entry_vouches([b"740", *confirmations], 0.80, ENTRY_POLICY)  # wrong further below: still vouches
+    assert not entry_vouches([b"850", *confirmations], 0.80, ENTRY_POLICY)  # wrong above it
