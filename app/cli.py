@@ -5,7 +5,8 @@
     strata calibrate train [--data-dir DIR] [--out schemas/verifier.json]
     strata calibrate qqp-hard --split eval|train --out FILE.csv [--pool N] [--data-dir DIR]
     strata replay build --source clinc|afqmc --out FILE.jsonl [--requests N] [--seed S] [--oos-share X]
-    strata replay run --stream FILE (--url URL | --simulate) [--category NAME] [--policy FILE] [--plot FILE.png]
+    strata replay run --stream FILE (--url URL | --simulate [--faq FILE.yaml]) [--category NAME] [--policy FILE] [--plot FILE.png]
+    strata replay faq --out FILE.yaml [--per-intent N] [--category NAME]
     strata faq load FILE.csv|FILE.yaml [--name NAME]
     strata keys [--file KEYS.json] add --tenant NAME | revoke KEY_ID | list
 
@@ -230,6 +231,22 @@ def cmd_replay_build(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_replay_faq(args: argparse.Namespace, settings: Settings) -> int:
+    import yaml
+
+    from app.replay.streams import clinc_faq
+
+    source = Path(args.data_dir) / "clinc150.csv"
+    if not source.exists():
+        return _fail(f"not found: {source}")
+    items = clinc_faq(source, args.per_intent, args.seed, args.category)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(yaml.safe_dump(items, allow_unicode=True, sort_keys=False), encoding="utf-8")
+    print(f"wrote {len(items)} curated answers ({sum(len(i['variants']) for i in items)} variants) to {out}")
+    return 0
+
+
 def cmd_replay_run(args: argparse.Namespace, settings: Settings) -> int:
     import httpx
 
@@ -250,10 +267,20 @@ def cmd_replay_run(args: argparse.Namespace, settings: Settings) -> int:
     if args.category not in categories:
         return _fail(f"unknown category {args.category!r}; known: {', '.join(sorted(categories))}")
     started = time.perf_counter()
+    faq = None
+    if args.faq:
+        if not args.simulate:
+            return _fail("--faq goes with --simulate; against a running Strata use `strata faq load` first")
+        from app.faq import FaqFileError, read_faq
+
+        try:
+            faq = read_faq(Path(args.faq), Policy.load(settings.resolve(settings.policy_file)))
+        except (FaqFileError, ValueError) as exc:
+            return _fail(str(exc))
     if args.simulate:
         from app.replay.simulate import run_simulated
 
-        report = run_simulated(stream, settings=settings, category=args.category)
+        report = run_simulated(stream, settings=settings, category=args.category, faq=faq)
         where = "simulated (own Redis Stack, labelled upstream, in-process Strata)"
     else:
         async def go():
@@ -418,7 +445,15 @@ def parser() -> argparse.ArgumentParser:
     run_step.add_argument("--window", type=int, default=500)
     run_step.add_argument("--plot", help="PNG of the learning curve (needs the calibrate extra)")
     run_step.add_argument("--json", help="write the report as JSON")
+    run_step.add_argument("--faq", help="with --simulate: a curated-answer file to load first (strata replay faq)")
     run_step.set_defaults(run=cmd_replay_run)
+    faq_step = replay_steps.add_parser("faq", help="write a curated-answer file of CLINC150 train utterances for replays")
+    faq_step.add_argument("--out", required=True, help="YAML file to write")
+    faq_step.add_argument("--per-intent", type=int, default=10, help="utterances per intent: a question and its variants")
+    faq_step.add_argument("--category", default="faq")
+    faq_step.add_argument("--seed", type=int, default=0)
+    faq_step.add_argument("--data-dir", default=str(DEFAULT_DATA))
+    faq_step.set_defaults(run=cmd_replay_faq)
 
     faq = commands.add_parser("faq", help="curated answers in the semantic layer")
     faq_steps = faq.add_subparsers(dest="step", required=True)

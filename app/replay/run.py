@@ -26,7 +26,7 @@ class Poster(Protocol):
 class Outcome:
     layer: str
     label: str
-    served_label: str | None  # the label whose miss produced the served answer (hits only)
+    served_label: str | None  # the label whose answer was served (hits only): a miss produced it, or a curated one
     seconds: float
     text: str = ""
     similarity: float | None = None
@@ -102,7 +102,8 @@ def _content(body: Any) -> str | None:
 
 
 async def replay(stream: Sequence[Request], client: Poster, *, model: str, category: str,
-                 after_each: Callable[[], Awaitable[None]] | None = None) -> Report:
+                 after_each: Callable[[], Awaitable[None]] | None = None,
+                 known_answers: dict[str, str] | None = None) -> Report:
     """Send the stream one request at a time and tally the outcomes.
 
     Args:
@@ -112,9 +113,10 @@ async def replay(stream: Sequence[Request], client: Poster, *, model: str, categ
         category: The cache category to ask in (``X-Cache-Category``).
         after_each: Awaited after every request (a simulation lets observations settle, so
             that a replay gives the same counts every time).
+        known_answers: Answers known before the first request (curated ones), and their labels.
     """
     report = Report()
-    produced: dict[str, str] = {}  # answer text -> the label of the miss that produced it
+    produced: dict[str, str] = dict(known_answers or {})  # answer text -> the label it answers
     headers = {"X-Cache-Category": category}
     for request in stream:
         body = {"model": model, "messages": [{"role": "user", "content": request.text}]}

@@ -24,6 +24,7 @@ import uvicorn
 from litestar import Litestar, Request, get, post
 
 from app.cache.keys import normalize_text
+from app.replay.streams import WORDINGS, curated_answer, worded
 from app.settings import PROJECT_ROOT, Settings
 
 
@@ -78,15 +79,6 @@ def own_redis_stack(port: int | None = None, maxmemory: str = "256mb") -> Iterat
         shutil.rmtree(data, ignore_errors=True)
 
 
-# How the simulated model words an answer: the same facts, said differently each time.
-_WORDINGS = (
-    "For {topic}, follow guide {number} in section {section}.",
-    "Follow guide {number} in section {section} for {topic}.",
-    "Regarding {topic}: see guide {number}, section {section}.",
-    "{Topic} is covered by guide {number} in section {section}.",
-)
-
-
 class LabelledUpstream:
     """An OpenAI-compatible upstream that knows the label of every question of a stream.
 
@@ -99,21 +91,14 @@ class LabelledUpstream:
 
     def __init__(self, labels: dict[str, str]) -> None:
         self._labels = labels
-        self._numbers = {label: 1000 + i for i, label in enumerate(sorted(set(labels.values())))}
         self._asked: dict[str, int] = defaultdict(int)
         self.calls = 0
 
     def answer(self, question: str) -> str:
         label = self._labels.get(normalize_text(question), f"unknown:{question}")
-        number = self._numbers.get(label) or 100_000 + len(self._numbers) + self._asked[label]
-        if label not in self._numbers:
-            self._numbers[label] = number
         turn = self._asked[label]
         self._asked[label] += 1
-        topic = label.split(":", 1)[-1].replace("_", " ")[:60]
-        section = chr(65 + number % 26)
-        wording = _WORDINGS[turn % len(_WORDINGS)]
-        return wording.format(topic=topic, Topic=topic[:1].upper() + topic[1:], number=number, section=section)
+        return worded(label, WORDINGS[turn % len(WORDINGS)])
 
     def app(self) -> Litestar:
         upstream = self
@@ -139,7 +124,8 @@ class LabelledUpstream:
         return Litestar([chat, models])
 
 
-def run_simulated(stream: list[Any], *, settings: Settings, category: str, encoder: Any = None) -> Any:
+def run_simulated(stream: list[Any], *, settings: Settings, category: str, encoder: Any = None,
+                  faq: list[Any] | None = None) -> Any:
     """Replay a stream through an in-process Strata over an own, empty Redis Stack and the
     labelled upstream; observations settle after every request, so the counts are the same
     on every run of the same stream.
@@ -182,7 +168,20 @@ def run_simulated(stream: list[Any], *, settings: Settings, category: str, encod
             # background observations settle between requests.
             async with app.lifespan(), httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
                                                          base_url="http://strata", timeout=60) as client:
-                cache = app.state.resources.cache
-                return await replay(stream, client, model="simulated", category=category, after_each=cache.settle)
+                resources = app.state.resources
+                known = {}
+                if faq:
+                    from app.faq import load_faq
+
+                    tag = await resources.versions.refresh()
+                    await resources.semantic.index(tag)
+                    await load_faq(resources.redis, resources.embedder, tag, faq, "replay", resources.policy)
+                    # A curated answer is right for its own label's questions; one of a label
+                    # the stream never asks about is wrong for all of them.
+                    known = {curated_answer(r.label): r.label for r in stream}
+                    for item in faq:
+                        known.setdefault(item.answer, f"faq:{item.question}")
+                return await replay(stream, client, model="simulated", category=category,
+                                    after_each=resources.cache.settle, known_answers=known)
 
         return asyncio.run(go())

@@ -8,6 +8,7 @@ own label) and AFQMC positives chained into clusters of questions with one answe
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import random
@@ -21,6 +22,35 @@ from app.calibrate.pairs import Clusters, read_utf8
 
 class StreamFileError(ValueError):
     """A stream file that cannot be used; the message is one line for the user."""
+
+
+# How the simulated model words an answer: the same facts, said differently each time.
+WORDINGS = (
+    "For {topic}, follow guide {number} in section {section}.",
+    "Follow guide {number} in section {section} for {topic}.",
+    "Regarding {topic}: see guide {number}, section {section}.",
+    "{Topic} is covered by guide {number} in section {section}.",
+)
+
+
+# An operator's curated answer to a label: the same facts as the model's, in the FAQ's words.
+_CURATED = "{Topic}: please see guide {number}, section {section} (from our FAQ)."
+
+
+def label_number(label: str) -> int:
+    """The guide number of a label's answer: stable across streams and FAQ files."""
+    return 1000 + int(hashlib.sha256(label.encode("utf-8")).hexdigest()[:12], 16) % 9_000_000
+
+
+def worded(label: str, wording: str) -> str:
+    number = label_number(label)
+    topic = label.split(":", 1)[-1].replace("_", " ")[:60]
+    return wording.format(topic=topic, Topic=topic[:1].upper() + topic[1:], number=number, section=chr(65 + number % 26))
+
+
+def curated_answer(label: str) -> str:
+    """The answer a FAQ file built for replays gives a label (``strata replay faq``)."""
+    return worded(label, _CURATED)
 
 
 @dataclass(frozen=True)
@@ -78,6 +108,23 @@ def clinc_stream(path: Path, requests: int = 3000, seed: int = 0, oos_share: flo
                 text = pool.pop()
                 stream[i] = Request(text=text, label=f"oos:{text}")
     return stream
+
+
+def clinc_faq(path: Path, per_intent: int, seed: int = 0, category: str = "faq") -> list[dict[str, object]]:
+    """A curated-answer file for replays: per CLINC150 intent, ``per_intent`` of its *train*
+    utterances (seeded), the first as the question and the rest as variants, answered with
+    :func:`curated_answer` (the operator's wording of the label's answer)."""
+    groups: dict[str, list[str]] = defaultdict(list)
+    with path.open(encoding="utf-8-sig", newline="") as handle:
+        for row in csv.DictReader(handle):
+            if row["intent"] != "oos" and row["split"] == "train":
+                groups[row["intent"]].append(normalize_text(row["text"]))
+    rng = random.Random(seed)
+    items: list[dict[str, object]] = []
+    for intent in sorted(groups):
+        texts = rng.sample(sorted(set(groups[intent])), min(per_intent, len(set(groups[intent]))))
+        items.append({"category": category, "question": texts[0], "variants": texts[1:], "answer": curated_answer(intent)})
+    return items
 
 
 def pairs_stream(path: Path, requests: int = 3000, seed: int = 0, min_cluster: int = 3) -> list[Request]:

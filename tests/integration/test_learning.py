@@ -217,3 +217,19 @@ def test_an_entry_confirmed_below_a_score_vouches_for_it_there(
     forget_question(redis_sync, "如何申请退款")
     again = ask(strata, "如何申请退款", headers=ENTRY)
     assert again.headers["x-cache"] == "miss"
+
+
+def test_replay_simulate_with_curated_answers_counts_their_hits_by_label(use_encoder: Any) -> None:
+    from app.faq import FaqItem
+    from app.replay.streams import curated_answer
+
+    stream = [Request(text="how do i reset my pin", label="pin"), Request(text="what is my balance", label="balance")]
+    # The second curated answer is another label's: serving it for "what is my balance" is wrong.
+    faq = [FaqItem(category="faq", question="how do i reset my pin", answer=curated_answer("pin")),
+           FaqItem(category="faq", question="what is my balance", answer=curated_answer("checking"))]
+    settings = Settings.from_flat({"policy_file": "tests/fixtures/policy.yaml", "log_level": "warning"})
+    report = run_simulated(stream, settings=settings, category="faq", encoder=use_encoder, faq=faq)
+    right, wrong = report.outcomes
+    assert right.layer == "semantic-hit" and right.served_label == "pin" and not right.wrong
+    assert wrong.layer == "semantic-hit" and wrong.served_label == "faq:what is my balance" and wrong.wrong
+    assert report.wrong("semantic-hit") == 1
