@@ -23,7 +23,7 @@ from app.cache.layered import LayeredCache
 from app.cache.learning import AnswerLearner
 from app.cache.semantic import SemanticCache, adopt_embedder, index_dims
 from app.cache.verify import CandidateCheck, load_verifier
-from app.cache.version import VersionTag, sweep_stale_versions
+from app.cache.version import ScopeGenerations, VersionTag, sweep_stale_versions
 from app.embed import BatchingEmbedder, Encoder, load_encoder
 from app.hygiene import PromptHygiene
 from app.limits import TenantRateLimiter
@@ -122,7 +122,7 @@ async def build_resources(settings: Settings, encoder: Encoder | None = None) ->
         learner = AnswerLearner(redis, embedder, verifier.analyzer, judge=judge)
     cache = LayeredCache(versions, layers, metrics, lookup_timeout_s=settings.lookup_timeout_s,
                          judge_timeout_s=options.judge_timeout_s, learner=learner,
-                         max_learning=options.learning_max_pending)
+                         max_learning=options.learning_max_pending, generations=ScopeGenerations(redis))
     flight = SingleFlight(redis, metrics, lease_s=settings.singleflight_lease_s, poll_s=settings.singleflight_poll_s)
     caps = TokenCaps(redis, settings.limits, metrics)
     pipeline = ChatPipeline(limits=settings.limits, cache=cache, relay=Relay(upstream, cache, metrics, caps),

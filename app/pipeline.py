@@ -83,7 +83,7 @@ class ChatPipeline:
             query = plan.query
             try:
                 exchange.ticket = await self._flight.coalesce(
-                    lease_key(query.version, query.canonical.exact_digest), lambda: self._cache.read_exact(query)
+                    lease_key(query.version, query.entry_digest), lambda: self._cache.read_exact(query)
                 )
             except StrataError:
                 self._metrics.finish(Outcome.ERROR, started)

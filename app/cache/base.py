@@ -9,13 +9,12 @@ import msgspec
 from redis.exceptions import RedisError
 from redisvl.exceptions import RedisVLError
 
-from app.cache.keys import CanonicalRequest
-from app.cache.version import StaleVersion
+from app.cache.keys import NO_GENERATION, CanonicalRequest, with_generation
+from app.cache.version import StaleScope, StaleVersion
 from app.policy import CategoryPolicy, SemanticPolicy
 
 __all__ = [
-    "CACHE_ERRORS", "CacheHit", "Candidate", "CacheLayer", "CacheQuery", "CorruptEntry", "EmbeddingFailed", "StaleVersion",
-    "Verdict", "Verifier",
+    "CACHE_ERRORS", "CacheHit", "CacheLayer", "CacheQuery", "Candidate", "CorruptEntry", "EmbeddingFailed", "StaleScope", "StaleVersion", "Verdict", "Verifier",
 ]
 
 
@@ -40,11 +39,24 @@ class CacheQuery(msgspec.Struct, frozen=True, kw_only=True):
         canonical: The canonical request (keys and scope derive from it).
         category: The content category's policy (TTL, semantic thresholds).
         version: The version tag the lookup ran under ("v1", ...).
+        generation: The (category, tenant) generation it ran under ("c.t.p", bumped by a
+            targeted invalidation); part of its keys and semantic scope.
     """
 
     canonical: CanonicalRequest
     category: CategoryPolicy
     version: str
+    generation: str = NO_GENERATION
+
+    @property
+    def entry_digest(self) -> str:
+        """The key suffix of its entries (exact and semantic) and single-flight lease."""
+        return with_generation(self.canonical.exact_digest, self.generation)
+
+    @property
+    def scope_digest(self) -> str:
+        """What a semantic match must share: the canonical scope under the generation."""
+        return with_generation(self.canonical.scope_digest, self.generation)
 
 
 class CacheHit(msgspec.Struct, frozen=True, kw_only=True):

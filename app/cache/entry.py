@@ -21,6 +21,7 @@ from app.cache.keys import (
     FIELD_CREATED_AT,
     FIELD_EMBEDDING,
     FIELD_EXPIRES_AT,
+    FIELD_GENERATION,
     FIELD_HITS,
     FIELD_MODEL,
     FIELD_QUESTION,
@@ -28,6 +29,7 @@ from app.cache.keys import (
     FIELD_SCOPE,
     FIELD_SOURCE,
     FIELD_TENANT,
+    NO_GENERATION,
 )
 
 _INTEGER_FIELDS = (FIELD_CREATED_AT, FIELD_EXPIRES_AT, FIELD_HITS)
@@ -50,6 +52,8 @@ class CacheEntry(msgspec.Struct, frozen=True, kw_only=True):
         root: The entry whose answer it serves: its own key, or its entry's for an alias
             (semantic entries only).
         source: ``faq`` for an operator's curated answer; absent for the model's.
+        generation: The (category, tenant) generation it was stored under, once its scope has
+            had a targeted invalidation (a sweep deletes entries of older generations).
     """
 
     question: str
@@ -64,6 +68,7 @@ class CacheEntry(msgspec.Struct, frozen=True, kw_only=True):
     embedding: bytes | None = None
     root: str | None = None
     source: str | None = None
+    generation: str | None = None
 
     @classmethod
     def for_query(cls, query: CacheQuery, answer: bytes, *, now: int | None = None, **extra: Any) -> CacheEntry:
@@ -85,6 +90,7 @@ class CacheEntry(msgspec.Struct, frozen=True, kw_only=True):
             category=query.category.name,
             created_at=created,
             expires_at=created + query.category.ttl_seconds,
+            generation=None if query.generation == NO_GENERATION else query.generation,
             **extra,
         )
 
@@ -112,6 +118,8 @@ class CacheEntry(msgspec.Struct, frozen=True, kw_only=True):
             fields[FIELD_ROOT] = self.root
         if self.source is not None:
             fields[FIELD_SOURCE] = self.source
+        if self.generation is not None:
+            fields[FIELD_GENERATION] = self.generation
         return fields
 
     @classmethod
@@ -135,6 +143,7 @@ class CacheEntry(msgspec.Struct, frozen=True, kw_only=True):
                 scope=text.get(FIELD_SCOPE),
                 root=text.get(FIELD_ROOT),
                 source=text.get(FIELD_SOURCE),
+                generation=text.get(FIELD_GENERATION),
                 embedding=embedding.encode() if isinstance(embedding, str) else embedding,
                 **{name: int(text[name]) for name in _INTEGER_FIELDS},
             )

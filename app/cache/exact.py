@@ -6,17 +6,21 @@ from redis.asyncio import Redis
 
 from app.cache.base import CacheHit, CacheQuery
 from app.cache.entry import CacheEntry, write_entry
-from app.cache.keys import FIELD_ANSWER, FIELD_HITS, VERSION_KEY, exact_prefix
-from app.cache.version import StaleVersion
+from app.cache.keys import FIELD_ANSWER, FIELD_HITS, SCOPES_KEY, VERSION_KEY, exact_prefix, scope_fields
+from app.cache.version import StaleScope, StaleVersion
 
 EXACT = "exact"
 
-# One round trip: confirm the version tag the worker assumes is still current (so a bump
-# anywhere takes effect at once), then read the answer and count the hit. HINCRBY runs only
-# on an existing entry, so a miss never creates a key without a TTL.
+# One round trip: confirm the version tag and the scope's generation the worker assumes are
+# still current (so an invalidation anywhere takes effect at once), then read the answer and
+# count the hit. HINCRBY runs only on an existing entry, so a miss never creates a key without
+# a TTL. KEYS: version, entry, scopes. ARGV: version number, generation, the three scope fields.
 _LOOKUP_SCRIPT = f"""
 local current = redis.call('GET', KEYS[1])
 if current ~= ARGV[1] then return {{0, current}} end
+local counters = redis.call('HMGET', KEYS[3], ARGV[3], ARGV[4], ARGV[5])
+local generation = (counters[1] or '0') .. '.' .. (counters[2] or '0') .. '.' .. (counters[3] or '0')
+if generation ~= ARGV[2] then return {{2, generation}} end
 local answer = redis.call('HGET', KEYS[2], '{FIELD_ANSWER}')
 if answer then redis.call('HINCRBY', KEYS[2], '{FIELD_HITS}', 1) end
 return {{1, answer}}
@@ -24,7 +28,7 @@ return {{1, answer}}
 
 
 def exact_key(query: CacheQuery) -> str:
-    return exact_prefix(query.version) + query.canonical.exact_digest
+    return exact_prefix(query.version) + query.entry_digest
 
 
 class ExactCache:
@@ -41,11 +45,16 @@ class ExactCache:
 
         Raises:
             StaleVersion: ``query.version`` is no longer the current version.
+            StaleScope: ``query.generation`` is no longer its scope's generation.
         """
         number = query.version[1:]
-        found, value = await self._lookup(keys=[VERSION_KEY, exact_key(query)], args=[number])
-        if not found:
+        fields = scope_fields(query.category.name, query.canonical.tenant)
+        found, value = await self._lookup(keys=[VERSION_KEY, exact_key(query), SCOPES_KEY],
+                                          args=[number, query.generation, *fields])
+        if found == 0:
             raise StaleVersion(value)
+        if found == 2:
+            raise StaleScope(value.decode() if isinstance(value, bytes) else str(value))
         if value is None:
             return None
         return CacheHit(layer=self.name, completion=value)

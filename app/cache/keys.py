@@ -3,6 +3,9 @@
 Redis key layout (every name readable with ``redis-cli``)::
 
     strata:meta:version            STRING  current version number N; the tag is "vN"
+    strata:meta:scopes             HASH    invalidation counters: category:<c>, tenant:<t>,
+                                           category:<c>|tenant:<t> (absent = 0); see app/cache/version.py
+    strata:meta:audit              STREAM  every invalidation: who, what, when (capped)
     strata:vN:exact:<sha256>       HASH    L1 entry (fields below), TTL from the category
     strata:vN:sem:<sha256>         HASH    L2 entry, indexed by the RediSearch index strata:vN:sem
     strata:vN:lease:<sha256>       STRING  single-flight lease while one worker asks the model
@@ -29,6 +32,11 @@ from app.wire import ChatCompletionRequest, ContentPart
 
 NAMESPACE = "strata"
 VERSION_KEY = f"{NAMESPACE}:meta:version"
+SCOPES_KEY = f"{NAMESPACE}:meta:scopes"
+AUDIT_KEY = f"{NAMESPACE}:meta:audit"
+# The generation of a (category, tenant) no targeted invalidation has touched: its keys are the
+# canonical digests themselves.
+NO_GENERATION = "0.0.0"
 
 # Hash fields, shared by the exact and the semantic layers.
 FIELD_QUESTION = "question"
@@ -41,6 +49,8 @@ FIELD_CREATED_AT = "created_at"
 FIELD_EXPIRES_AT = "expires_at"
 FIELD_HITS = "hits"
 FIELD_EMBEDDING = "embedding"
+# The (category, tenant) generation an entry was stored under, so a sweep can tell it is stale.
+FIELD_GENERATION = "generation"
 # Semantic documents: the entry whose answer a document serves (itself, or the entry an alias
 # belongs to), the aliases an entry has, and what it learnt: observation counts per score bin
 # (``ok:<bin>``, ``wrong:<bin>``) and the highest similarity (x1000) of a wrong observation.
@@ -68,6 +78,21 @@ _STRUCTURAL_FIELDS = frozenset({"model", "messages", "max_tokens", "max_completi
 _FLOAT_FIELDS = frozenset({"temperature", "top_p", "frequency_penalty", "presence_penalty", "min_p"})
 
 _key_encoder = msgspec.json.Encoder(order="deterministic")
+
+
+def scope_fields(category: str, tenant: str) -> tuple[str, str, str]:
+    """The fields of ``strata:meta:scopes`` whose counters make up a (category, tenant) generation."""
+    return f"category:{category}", f"tenant:{tenant}", f"category:{category}|tenant:{tenant}"
+
+
+def generation_of(values: list[Any] | tuple[Any, ...]) -> str:
+    """``"c.t.p"`` from the three counters as HMGET returns them (absent counts 0)."""
+    return ".".join((v.decode() if isinstance(v, bytes) else str(v)) if v is not None else "0" for v in values)
+
+
+def with_generation(digest: str, generation: str) -> str:
+    """A digest under a generation: itself until the first targeted invalidation of its scope."""
+    return digest if generation == NO_GENERATION else _digest([digest, generation])
 
 
 def version_tag(version: int) -> str:

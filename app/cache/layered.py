@@ -18,10 +18,10 @@ import msgspec
 
 from app.cache.base import CACHE_ERRORS, CacheHit, CacheLayer, CacheQuery, Candidate, CorruptEntry
 from app.cache.exact import EXACT
-from app.cache.keys import CanonicalRequest
+from app.cache.keys import NO_GENERATION, CanonicalRequest
 from app.cache.learning import AnswerLearner
 from app.cache.semantic import SEMANTIC
-from app.cache.version import StaleVersion, VersionTag
+from app.cache.version import ScopeGenerations, StaleScope, StaleVersion, VersionTag
 from app.metrics import Metrics
 from app.policy import CategoryPolicy
 from app.wire import decode_completion
@@ -65,6 +65,8 @@ class LayeredCache:
 
     Args:
         versions: The version tag of the Redis database.
+        generations: The (category, tenant) generations of targeted invalidation; ``None``
+            when only the global version invalidates (tools that only read).
         layers: The layers, cheapest first; one of them must be named ``exact``.
         metrics: Where lookups, stores and failures are counted.
         lookup_timeout_s: Bound on each layer's lookup; past it the request is a bypass.
@@ -76,8 +78,9 @@ class LayeredCache:
 
     def __init__(self, versions: VersionTag, layers: Sequence[CacheLayer], metrics: Metrics, *,
                  lookup_timeout_s: float, judge_timeout_s: float = 0.0, learner: AnswerLearner | None = None,
-                 max_learning: int = 256) -> None:
+                 max_learning: int = 256, generations: ScopeGenerations | None = None) -> None:
         self.versions = versions
+        self.generations = generations
         self._layers = list(layers)
         self._by_name = {layer.name: layer for layer in self._layers}
         if EXACT not in self._by_name:
@@ -103,13 +106,27 @@ class LayeredCache:
         if not (mode is CacheMode.USE or mode is CacheMode.REFRESH):
             return CachePlan(mode)
         version = self.versions.known
-        if version is None:
-            try:
+        generation = self._known_generation(canonical, category)
+        try:
+            if version is None:
                 version = await self.versions.refresh()
-            except CACHE_ERRORS as exc:
-                self._metrics.cache_failed("version", "read", exc)
-                return CachePlan(CacheMode.UNAVAILABLE)
-        return CachePlan(mode, CacheQuery(canonical=canonical, category=category, version=version))
+            if generation is None:
+                assert self.generations is not None
+                generation = await self.generations.refresh(category.name, canonical.tenant)
+        except CACHE_ERRORS as exc:
+            self._metrics.cache_failed("version", "read", exc)
+            return CachePlan(CacheMode.UNAVAILABLE)
+        return CachePlan(mode, CacheQuery(canonical=canonical, category=category, version=version, generation=generation))
+
+    def _known_generation(self, canonical: CanonicalRequest, category: CategoryPolicy) -> str | None:
+        if self.generations is None:
+            return NO_GENERATION
+        return self.generations.known(category.name, canonical.tenant)
+
+    def _adopt(self, query: CacheQuery, stale: StaleScope) -> CacheQuery:
+        if self.generations is not None:
+            self.generations.observe(query.category.name, query.canonical.tenant, stale.generation)
+        return msgspec.structs.replace(query, generation=stale.generation)
 
     async def lookup(self, plan: CachePlan) -> tuple[CachePlan, CacheHit | None]:
         """Ask each layer in turn.
@@ -131,7 +148,11 @@ class LayeredCache:
                         # Another worker bumped the version: adopt it and look again, once.
                         tag = self.versions.observe(stale.current) or await self.versions.refresh()
                         query = msgspec.structs.replace(query, version=tag)
-                        hit = await layer.lookup(query)
+                        hit = await self._lookup_again(layer, query)
+                    except StaleScope as stale:
+                        # A targeted invalidation of this scope: its new generation, once.
+                        query = self._adopt(query, stale)
+                        hit = await self._lookup_again(layer, query)
             except CACHE_ERRORS as exc:
                 self._metrics.cache_failed(layer.name, "lookup", exc)
                 return CachePlan(CacheMode.UNAVAILABLE), None
@@ -151,6 +172,14 @@ class LayeredCache:
                 return CachePlan(plan.mode, query), hit
         return CachePlan(plan.mode, query, candidate), None
 
+    async def _lookup_again(self, layer: CacheLayer, query: CacheQuery) -> CacheHit | Candidate | None:
+        """The second look after adopting a new version or generation; should the other one
+        have moved too in between, the next request adopts it."""
+        try:
+            return await layer.lookup(query)
+        except (StaleVersion, StaleScope) as moved:
+            raise TimeoutError("the cache was invalidated twice during one lookup") from moved
+
     def _budget(self, layer: CacheLayer, query: CacheQuery) -> float:
         # The judge is a model call: its own timeout bounds it, on top of the lookup's.
         if layer.name == SEMANTIC and query.category.semantic.judge_before_serving:
@@ -165,7 +194,7 @@ class LayeredCache:
         """
         try:
             hit = await self._by_name[EXACT].lookup(query)
-        except StaleVersion:
+        except (StaleVersion, StaleScope):
             return None  # invalidated while waiting: the leader's answer will not be stored
         if not isinstance(hit, CacheHit) or decode_completion(hit.completion) is None:
             return None  # a corrupt entry is no answer: the leader's fresh one overwrites it
@@ -188,10 +217,12 @@ class LayeredCache:
         # generated for a world that no longer holds, and must not be cached under any version.
         try:
             current = await self.versions.refresh()
+            generation = (NO_GENERATION if self.generations is None
+                          else await self.generations.refresh(query.category.name, query.canonical.tenant))
         except CACHE_ERRORS as exc:
             self._metrics.cache_failed("version", "read", exc)
             return
-        if current != query.version:
+        if current != query.version or generation != query.generation:
             self._skip_store("skipped_stale_version")
             return
         for layer in self._layers:

@@ -290,6 +290,6 @@ class AnswerLearner:
                   observation_field(OBS_CONFIRMED, candidate.score_bin)],
         )
         if same and policy.max_aliases > 0:
-            new_key = semantic_prefix(query.version) + query.canonical.exact_digest
+            new_key = semantic_prefix(query.version) + query.entry_digest
             await self._alias(keys=[new_key, candidate.root], args=[policy.max_aliases])
         return same

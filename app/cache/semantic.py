@@ -72,7 +72,7 @@ def scope_filter(query: CacheQuery) -> FilterExpression:
     """The KNN pre-filter: the request's scope digest or its tenant's curated-answer scope (hex),
     and the category (a policy name), nothing a client wrote; redisvl escapes them all the same."""
     canonical = query.canonical
-    scopes = [canonical.scope_digest, faq_scope_digest(canonical.tenant, query.category.name)]
+    scopes = [query.scope_digest, faq_scope_digest(canonical.tenant, query.category.name)]
     return (Tag(FIELD_SCOPE) == scopes) & (Tag(FIELD_CATEGORY) == query.category.name)
 
 
@@ -260,9 +260,9 @@ class SemanticCache:
             return
         await self.index(query.version)
         vector = await self.vector(canonical.question)
-        key = semantic_prefix(query.version) + canonical.exact_digest
+        key = semantic_prefix(query.version) + query.entry_digest
         entry = CacheEntry.for_query(
-            query, completion, scope=canonical.scope_digest, embedding=vector.astype(np.float32).tobytes(), root=key
+            query, completion, scope=query.scope_digest, embedding=vector.astype(np.float32).tobytes(), root=key
         )
         await write_entry(self._redis, key, entry)
 

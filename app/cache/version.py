@@ -13,7 +13,7 @@ import logging
 
 from redis.asyncio import Redis
 
-from app.cache.keys import NAMESPACE, VERSION_KEY, version_tag
+from app.cache.keys import NAMESPACE, SCOPES_KEY, VERSION_KEY, generation_of, scope_fields, version_tag
 
 logger = logging.getLogger("strata.version")
 
@@ -29,6 +29,69 @@ class StaleVersion(Exception):
     def __init__(self, current: bytes | None) -> None:
         super().__init__("the cache version changed")
         self.current = current
+
+
+class StaleScope(Exception):
+    """A targeted invalidation moved a (category, tenant) generation since this worker read it
+    (part of the layer contract, like :class:`StaleVersion`).
+
+    Attributes:
+        generation: The generation Redis holds now (``"c.t.p"``).
+    """
+
+    def __init__(self, generation: str) -> None:
+        super().__init__("the scope's generation changed")
+        self.generation = generation
+
+
+class ScopeGenerations:
+    """Targeted invalidation: a counter per category, per tenant and per (category, tenant) in
+    ``strata:meta:scopes``; the three make a scope's generation, part of its keys and semantic
+    scope, so a bump makes exactly that scope's entries unreachable at once.
+
+    Like the version tag, each worker keeps the generations it saw and the exact layer's lookup
+    script checks them against Redis on every request (no extra round trip).
+    """
+
+    # Generations remembered per worker; beyond it they are forgotten and read again.
+    MAX_KNOWN = 65_536
+
+    def __init__(self, redis: Redis) -> None:
+        self._redis = redis
+        self._known: dict[tuple[str, str], str] = {}
+
+    def known(self, category: str, tenant: str) -> str | None:
+        return self._known.get((category, tenant))
+
+    def observe(self, category: str, tenant: str, generation: str) -> str:
+        if len(self._known) >= self.MAX_KNOWN:
+            self._known.clear()
+        self._known[(category, tenant)] = generation
+        return generation
+
+    async def refresh(self, category: str, tenant: str) -> str:
+        """Read a scope's generation from Redis (HMGET; nothing is written)."""
+        values = await self._redis.hmget(SCOPES_KEY, list(scope_fields(category, tenant)))
+        return self.observe(category, tenant, generation_of(values))
+
+    async def bump(self, category: str | None, tenant: str | None) -> str:
+        """Invalidate a category (every tenant), a tenant (every category) or one pair.
+
+        Returns:
+            The field of ``strata:meta:scopes`` that moved.
+        """
+        if category is None and tenant is None:
+            raise ValueError("a category, a tenant or both")
+        if category is not None and tenant is not None:
+            field = scope_fields(category, tenant)[2]
+        elif category is not None:
+            field = scope_fields(category, "")[0]
+        else:
+            assert tenant is not None
+            field = scope_fields("", tenant)[1]
+        await self._redis.hincrby(SCOPES_KEY, field, 1)
+        self._known.clear()
+        return field
 
 
 class VersionTag:
