@@ -9,6 +9,7 @@
     strata replay faq --out FILE.yaml [--per-intent N] [--category NAME]
     strata faq load FILE.csv|FILE.yaml [--name NAME]
     strata keys [--file KEYS.json] add --tenant NAME | revoke KEY_ID | list
+    strata cache invalidate ... | audit ...   (app/ops.py)
 
 Settings (embedder, policy file, verifier files) come from the same ``STRATA_*`` environment
 variables as the service, so the decisions are the ones the service would make.
@@ -471,6 +472,9 @@ def parser() -> argparse.ArgumentParser:
     revoke.add_argument("key_id")
     actions.add_parser("list", help="key ids, state and tenants (never the keys)")
     keys.set_defaults(run=cmd_keys)
+    from app.ops import register
+
+    register(commands)
     return root
 
 

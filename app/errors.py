@@ -51,6 +51,11 @@ class Forbidden(StrataError):
     error_type = "permission_error"
 
 
+class NotFound(StrataError):
+    status_code = 404
+    error_type = "not_found_error"
+
+
 class RateLimited(StrataError):
     """The tenant spent its request budget; ``Retry-After`` says when to come back."""
 

@@ -17,6 +17,7 @@ from redis.retry import Retry
 from app.auth import TenantResolver
 from app.cache.base import CACHE_ERRORS, CacheLayer
 from app.cache.exact import ExactCache
+from app.cache.invalidation import CacheInvalidator, sweep_stale_generations
 from app.cache.judge import AnswerJudge
 from app.cache.keys import semantic_index_name
 from app.cache.layered import LayeredCache
@@ -54,6 +55,7 @@ class Resources:
     tenants: TenantResolver
     hygiene: PromptHygiene | None
     rate_limiter: TenantRateLimiter
+    invalidator: CacheInvalidator
     semantic: SemanticCache | None = None
     embedder: BatchingEmbedder | None = None
     background: set[asyncio.Task[Any]] = field(default_factory=set)
@@ -94,6 +96,7 @@ async def build_resources(settings: Settings, encoder: Encoder | None = None) ->
     policy = Policy.load(settings.resolve(settings.policy_file))
     redis = connect_redis(settings.redis)
     versions = VersionTag(redis)
+    generations = ScopeGenerations(redis)
     upstream = Upstream(settings.upstream)
     metrics = Metrics()
     layers: list[CacheLayer] = [ExactCache(redis)]
@@ -122,7 +125,7 @@ async def build_resources(settings: Settings, encoder: Encoder | None = None) ->
         learner = AnswerLearner(redis, embedder, verifier.analyzer, judge=judge)
     cache = LayeredCache(versions, layers, metrics, lookup_timeout_s=settings.lookup_timeout_s,
                          judge_timeout_s=options.judge_timeout_s, learner=learner,
-                         max_learning=options.learning_max_pending, generations=ScopeGenerations(redis))
+                         max_learning=options.learning_max_pending, generations=generations)
     flight = SingleFlight(redis, metrics, lease_s=settings.singleflight_lease_s, poll_s=settings.singleflight_poll_s)
     caps = TokenCaps(redis, settings.limits, metrics)
     pipeline = ChatPipeline(limits=settings.limits, cache=cache, relay=Relay(upstream, cache, metrics, caps),
@@ -134,6 +137,7 @@ async def build_resources(settings: Settings, encoder: Encoder | None = None) ->
     return Resources(
         settings=settings, policy=policy, redis=redis, versions=versions, upstream=upstream, metrics=metrics,
         pipeline=pipeline, cache=cache, tenants=tenants, hygiene=hygiene, rate_limiter=rate_limiter, semantic=semantic, embedder=embedder,
+        invalidator=CacheInvalidator(redis, versions, generations, policy, semantic),
     )
 
 
@@ -161,6 +165,13 @@ async def sweep_after(resources: Resources, current: str) -> None:
         await sweep_stale_versions(resources.redis, current)
     except CACHE_ERRORS as exc:
         logger.warning("sweep of stale versions failed (entries still expire by TTL): %r", exc)
+
+
+async def sweep_generations_after(resources: Resources) -> None:
+    try:
+        await sweep_stale_generations(resources.redis, await resources.versions.refresh())
+    except CACHE_ERRORS as exc:
+        logger.warning("sweep of invalidated scopes failed (entries still expire by TTL): %r", exc)
 
 
 @asynccontextmanager

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import hmac
+from typing import Any
 
-from litestar import Controller, Request, post
+import msgspec
+from litestar import Controller, Request, get, post
 
-from app.errors import Forbidden, Unauthorized
-from app.lifespan import Resources, sweep_after
+from app.cache.invalidation import Invalidation, InvalidationError, NothingThere
+from app.errors import Forbidden, InvalidRequest, NotFound, Unauthorized
+from app.lifespan import Resources, sweep_after, sweep_generations_after
 
 
 def require_admin(request: Request, resources: Resources) -> None:
@@ -21,16 +24,55 @@ def require_admin(request: Request, resources: Resources) -> None:
         raise Unauthorized("a valid admin token is required (Authorization: Bearer <token>)", code="invalid_admin_token")
 
 
+# Who an audit entry names: the operator's own word (the admin token is shared), and where from.
+OPERATOR_HEADER = "x-strata-operator"
+_invalidation_decoder = msgspec.json.Decoder(Invalidation)
+
+
+def operator(request: Request) -> str:
+    name = request.headers.get(OPERATOR_HEADER, "").strip()[:64] or "admin"
+    client = request.client.host if request.client else "unknown"
+    return f"{name}@{client}"
+
+
 class AdminController(Controller):
     path = "/admin"
 
     @post("/cache/invalidate", status_code=200)
-    async def invalidate(self, request: Request, resources: Resources) -> dict[str, str]:
-        """Bump the cache version: no entry stored before is served again.
+    async def invalidate(self, request: Request, resources: Resources) -> dict[str, Any]:
+        """Invalidate cached answers; the JSON body names what (empty: everything).
 
-        Old entries and indexes are deleted in the background; they also expire by TTL.
+        ``{}``: bump the version (every entry). ``{"category": ..., "tenant": ...}`` (either or
+        both): that scope's generation. ``{"key": ...}``: one entry and its aliases.
+        ``{"question": ..., "model": ..., "category"?, "tenant"?, "system"?}``: the entry that
+        request would be served. ``{"faq": NAME}``: one curated-answer file's entries.
+        Unreachable entries are deleted in the background; each call is audited.
         """
         require_admin(request, resources)
-        previous, current = await resources.versions.bump()
-        resources.spawn(sweep_after(resources, current), f"sweep-{previous}")
-        return {"previous_version": previous, "version": current}
+        body = await request.body()
+        try:
+            what = _invalidation_decoder.decode(body) if body.strip() else Invalidation()
+        except msgspec.DecodeError as exc:
+            raise InvalidRequest(f"invalid invalidation: {exc}", code="invalid_invalidation") from exc
+        try:
+            done = await resources.invalidator.invalidate(what, who=operator(request))
+        except InvalidationError as exc:
+            raise InvalidRequest(str(exc), code="invalid_invalidation") from exc
+        except NothingThere as exc:
+            raise NotFound(str(exc), code="nothing_to_invalidate") from exc
+        if done.kind == "everything":
+            assert done.version is not None
+            resources.spawn(sweep_after(resources, done.version), f"sweep-{done.version}")
+            previous = done.target.split(" ")[1]
+            return {"previous_version": previous, "version": done.version, "kind": done.kind}
+        if done.kind == "scope":
+            resources.spawn(sweep_generations_after(resources), f"sweep-{done.target}")
+        return msgspec.to_builtins(done)
+
+    @get("/cache/audit", status_code=200)
+    async def audit(self, request: Request, resources: Resources, count: int = 50) -> dict[str, Any]:
+        """The latest invalidations, newest first (at most ``count``, 1 to 1000)."""
+        require_admin(request, resources)
+        if not 1 <= count <= 1000:
+            raise InvalidRequest("count must be between 1 and 1000", param="count")
+        return {"object": "list", "data": await resources.invalidator.audit(count)}

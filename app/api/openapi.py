@@ -13,6 +13,7 @@ from litestar import Controller, get
 
 from app import __version__
 from app.lifespan import Resources
+from app.cache.invalidation import Invalidation
 from app.wire import ChatCompletionRequest, ErrorResponse
 
 _REF = "#/components/schemas/{name}"
@@ -24,8 +25,8 @@ def _error(description: str) -> dict[str, Any]:
 
 
 def build_openapi(category_names: list[str]) -> dict[str, Any]:
-    (request_schema, error_schema), components = msgspec.json.schema_components(
-        [ChatCompletionRequest, ErrorResponse], ref_template=_REF
+    (request_schema, _, invalidation_schema), components = msgspec.json.schema_components(
+        [ChatCompletionRequest, ErrorResponse, Invalidation], ref_template=_REF
     )
     json_object = {"type": "object", "additionalProperties": True}
     bearer = [{"bearer": []}]
@@ -70,9 +71,26 @@ def build_openapi(category_names: list[str]) -> dict[str, Any]:
                 "200": {"description": "ok or degraded", "content": {"application/json": {"schema": json_object}}}}}},
             "/metrics": {"get": {"operationId": "metrics", "responses": {
                 "200": {"description": "Prometheus text", "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
-            "/admin/cache/invalidate": {"post": {"operationId": "invalidateCache", "security": bearer, "responses": {
-                "200": {"description": "The new version", "content": {"application/json": {"schema": json_object}}},
-                "401": _error("Missing or wrong admin token"), "403": _error("Admin endpoints are disabled")}}},
+            "/admin/cache/invalidate": {"post": {
+                "operationId": "invalidateCache", "security": bearer,
+                "description": "Empty body: every entry (version bump). Otherwise one target: a category and/or "
+                               "tenant, a key, a question (with its model), or a curated file.",
+                "requestBody": {"required": False, "content": {"application/json": {"schema": invalidation_schema}}},
+                "parameters": [{"name": "X-Strata-Operator", "in": "header", "required": False,
+                                "schema": {"type": "string"}, "description": "who, for the audit stream"}],
+                "responses": {
+                    "200": {"description": "What was invalidated", "content": {"application/json": {"schema": json_object}}},
+                    "400": _error("Malformed target (unknown category, malformed key, ...)"),
+                    "404": _error("No entry under that key or for that question"),
+                    "401": _error("Missing or wrong admin token"), "403": _error("Admin endpoints are disabled")}}},
+            "/admin/cache/audit": {"get": {
+                "operationId": "cacheAudit", "security": bearer,
+                "parameters": [{"name": "count", "in": "query", "required": False,
+                                "schema": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 50}}],
+                "responses": {
+                    "200": {"description": "The latest invalidations", "content": {"application/json": {"schema": json_object}}},
+                    "400": _error("count out of range"),
+                    "401": _error("Missing or wrong admin token"), "403": _error("Admin endpoints are disabled")}}},
         },
     }
 

@@ -70,6 +70,7 @@ class CacheHit(msgspec.Struct, frozen=True, kw_only=True):
         reason: Why the semantic candidate was accepted (semantic layer only).
         decoded: The completion, once the cache has decoded and checked it.
         source: ``model`` (the model's answer) or ``faq`` (an operator's curated answer).
+        key: The entry it came from (semantic layer: the entry whose answer it serves).
     """
 
     layer: str
@@ -79,6 +80,7 @@ class CacheHit(msgspec.Struct, frozen=True, kw_only=True):
     reason: str | None = None
     decoded: dict[str, Any] | None = None
     source: str = "model"
+    key: str | None = None
 
 
 class Candidate(msgspec.Struct, frozen=True, kw_only=True):

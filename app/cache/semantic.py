@@ -23,7 +23,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 from redisvl.exceptions import RedisSearchError
 from redisvl.index import AsyncSearchIndex
-from redisvl.query import VectorQuery
+from redisvl.query import FilterQuery, VectorQuery
 from redisvl.query.filter import FilterExpression, Tag
 
 from app.cache.base import CacheHit, CacheQuery, Candidate, CorruptEntry, EmbeddingFailed
@@ -252,7 +252,22 @@ class SemanticCache:
             matched_question=row[FIELD_QUESTION],
             reason=reason,
             source=_text(row.get(FIELD_SOURCE)) or SOURCE_MODEL,
+            key=_text(row.get(FIELD_ROOT)) or key,
         )
+
+    async def documents_of(self, tag: str, root: str) -> set[str]:
+        """The keys of every document serving an entry's answer: the entry and its aliases."""
+        index = await self.index(tag)
+        found: set[str] = set()
+        offset = 0
+        while True:
+            query = FilterQuery(Tag(FIELD_ROOT) == root, return_fields=[FIELD_ROOT], num_results=500)
+            query.paging(offset, 500)
+            rows = await index.query(query)
+            found.update(row["id"] for row in rows)
+            if len(rows) < 500:
+                return found
+            offset += 500
 
     async def store(self, query: CacheQuery, completion: bytes) -> None:
         canonical, policy = query.canonical, query.category.semantic

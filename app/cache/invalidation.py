@@ -1,0 +1,274 @@
+"""Invalidation an operator can aim: everything (the version tag), one category and/or tenant
+(its generation), one entry by key, the entry a question would be served, or one curated file.
+
+Every kind is O(1) on the request path: a bump makes entries unreachable at once (their keys and
+semantic scope hold the version and the generation), and a background sweep returns their
+memory. Deleting one entry deletes its aliases too. Every invalidation is appended to the audit
+stream ``strata:meta:audit`` (capped), readable with ``redis-cli XREVRANGE strata:meta:audit + -``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from typing import Any
+
+import msgspec
+from redis.asyncio import Redis
+
+from app.cache.base import CacheHit, CacheQuery
+from app.cache.exact import exact_key
+from app.cache.keys import (
+    AUDIT_KEY,
+    FIELD_CATEGORY,
+    FIELD_GENERATION,
+    FIELD_ROOT,
+    FIELD_TENANT,
+    NAMESPACE,
+    NO_GENERATION,
+    SCOPES_KEY,
+    canonicalize,
+    exact_prefix,
+    faq_set_key,
+    generation_of,
+    scope_fields,
+    semantic_prefix,
+)
+from app.cache.semantic import SemanticCache
+from app.cache.version import ScopeGenerations, VersionTag
+from app.policy import Policy
+from app.wire import ChatCompletionRequest
+
+logger = logging.getLogger("strata.invalidation")
+
+# Audit entries kept (approximately: XADD MAXLEN ~ trims whole macro nodes).
+AUDIT_MAX_LEN = 10_000
+# An entry key as Strata writes it: exact or semantic, a sha256 or a curated answer's.
+ENTRY_KEY = re.compile(rf"^{NAMESPACE}:v[1-9][0-9]*:(exact|sem):(faq-)?[0-9a-f]{{64}}$")
+FAQ_SET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class InvalidationError(ValueError):
+    """An invalidation that names nothing that can exist (unknown category, malformed key)."""
+
+
+class NothingThere(LookupError):
+    """A well-formed target with nothing stored under it."""
+
+
+class Invalidation(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What to invalidate: exactly one target. The body of ``POST /admin/cache/invalidate``
+    (empty: everything) and the options of ``strata cache invalidate``.
+
+    Attributes:
+        category: With or without ``tenant``: that category's entries (of every tenant).
+        tenant: With or without ``category``: that tenant's entries (of every category).
+        key: One entry by its Redis key (and its aliases).
+        question: The entry a request with this question would be served, in the scope of
+            ``category`` (the default category when absent), ``tenant``, ``model`` and ``system``.
+        model: The model of ``question``'s request.
+        system: The system prompt of ``question``'s request.
+        faq: Every entry one ``strata faq load`` file wrote (its name).
+    """
+
+    category: str | None = None
+    tenant: str | None = None
+    key: str | None = None
+    question: str | None = None
+    model: str | None = None
+    system: str | None = None
+    faq: str | None = None
+
+    @property
+    def kind(self) -> str:
+        if self.key is not None:
+            return "key"
+        if self.question is not None:
+            return "question"
+        if self.faq is not None:
+            return "faq"
+        if self.category is not None or self.tenant is not None:
+            return "scope"
+        return "everything"
+
+
+class Invalidated(msgspec.Struct, frozen=True, kw_only=True):
+    """What an invalidation did (the endpoint's response)."""
+
+    kind: str
+    target: str
+    deleted: int = 0
+    version: str | None = None
+    generation_field: str | None = None
+
+
+class CacheInvalidator:
+    """Carries out invalidations against one Redis.
+
+    Args:
+        redis: The Redis the cache lives in.
+        versions: The global version tag.
+        generations: The (category, tenant) generations.
+        policy: The categories (names are checked against it).
+        semantic: The semantic layer, to find a question's entry; ``None`` without one.
+    """
+
+    def __init__(self, redis: Redis, versions: VersionTag, generations: ScopeGenerations, policy: Policy,
+                 semantic: SemanticCache | None) -> None:
+        self._redis = redis
+        self._versions = versions
+        self._generations = generations
+        self._policy = policy
+        self._semantic = semantic
+
+    @property
+    def redis(self) -> Redis:
+        return self._redis
+
+    @property
+    def versions(self) -> VersionTag:
+        return self._versions
+
+    def check(self, what: Invalidation) -> None:
+        """Raise :class:`InvalidationError` unless ``what`` names one well-formed target."""
+        targets = sum(x is not None for x in (what.key, what.question, what.faq))
+        if targets > 1:
+            raise InvalidationError("name one of key, question and faq")
+        if what.key is not None and (what.category or what.tenant or what.model or what.system):
+            raise InvalidationError("key names an entry on its own: no category, tenant, model or system with it")
+        if what.key is not None and not ENTRY_KEY.match(what.key):
+            raise InvalidationError(f"not a Strata entry key: {what.key!r} (strata:vN:exact:<sha256> or strata:vN:sem:<sha256>)")
+        if what.faq is not None and (what.category or what.tenant or not FAQ_SET_NAME.match(what.faq)):
+            raise InvalidationError(f"faq takes a file's name alone, matching {FAQ_SET_NAME.pattern}")
+        if what.category is not None and what.category not in self._policy.categories:
+            raise InvalidationError(f"unknown category {what.category!r}; known: {', '.join(sorted(self._policy.categories))}")
+        if what.tenant is not None and not 0 < len(what.tenant) <= 256:
+            raise InvalidationError("a tenant name has 1 to 256 characters")
+        if what.question is not None and (not what.question.strip() or not what.model):
+            raise InvalidationError("question needs a non-empty text and the model of its requests")
+        if (what.model is not None or what.system is not None) and what.question is None:
+            raise InvalidationError("model and system go with question")
+
+    async def invalidate(self, what: Invalidation, *, who: str) -> Invalidated:
+        """Carry out one invalidation and record it in the audit stream.
+
+        Raises:
+            InvalidationError: ``what`` is malformed (nothing is changed).
+            NothingThere: A key or question with no entry (nothing is changed).
+        """
+        self.check(what)
+        kind = what.kind
+        if kind == "everything":
+            previous, current = await self._versions.bump()
+            done = Invalidated(kind=kind, target=f"version {previous} -> {current}", version=current)
+        elif kind == "scope":
+            field = await self._generations.bump(what.category, what.tenant)
+            done = Invalidated(kind=kind, target=field, generation_field=field)
+        elif kind == "key":
+            assert what.key is not None
+            done = Invalidated(kind=kind, target=what.key, deleted=await self._delete_entry(what.key))
+        elif kind == "question":
+            key = await self._entry_of_question(what)
+            done = Invalidated(kind=kind, target=key, deleted=await self._delete_entry(key))
+        else:
+            assert what.faq is not None
+            done = Invalidated(kind=kind, target=what.faq, deleted=await self._delete_faq(what.faq))
+        await self._redis.xadd(AUDIT_KEY, {"who": who, "kind": kind, "target": done.target, "deleted": done.deleted,
+                                           "request": msgspec.json.encode(what).decode(), "at": int(time.time())},
+                               maxlen=AUDIT_MAX_LEN, approximate=True)
+        logger.info("invalidated %s %s by %s (%d deleted)", kind, done.target, who, done.deleted)
+        return done
+
+    async def audit(self, count: int = 50) -> list[dict[str, str]]:
+        """The latest invalidations, newest first."""
+        rows = await self._redis.xrevrange(AUDIT_KEY, count=count)
+        return [{"id": _text(entry_id), **{_text(k): _text(v) for k, v in fields.items()}} for entry_id, fields in rows]
+
+    async def _delete_entry(self, key: str) -> int:
+        """Delete an entry and, for a semantic one, every document of its entry (its aliases)."""
+        root = _text(await self._redis.hget(key, FIELD_ROOT)) or key
+        if not await self._redis.exists(key):
+            raise NothingThere(f"no entry {key}")
+        keys = {key, root}
+        if self._semantic is not None and ":sem:" in key:
+            keys |= await self._semantic.documents_of(key.split(":")[1], root)
+        return int(await self._redis.unlink(*keys))
+
+    async def _entry_of_question(self, what: Invalidation) -> str:
+        """The key of the entry a request with this question would be served from."""
+        category = self._policy.get(what.category)
+        assert category is not None  # checked
+        messages: list[dict[str, Any]] = [{"role": "system", "content": what.system}] if what.system else []
+        messages.append({"role": "user", "content": what.question})
+        raw = {"model": what.model, "messages": messages}
+        try:
+            request = msgspec.convert(raw, ChatCompletionRequest)
+        except msgspec.ValidationError as exc:
+            raise InvalidationError(f"not a request Strata would cache: {exc}") from exc
+        tenant = what.tenant or "default"
+        canonical = canonicalize(request, raw, tenant=tenant, category=category.name, max_tokens=None)
+        version = await self._versions.refresh()
+        generation = await self._generations.refresh(category.name, tenant)
+        query = CacheQuery(canonical=canonical, category=category, version=version, generation=generation)
+        key = exact_key(query)
+        if await self._redis.exists(key):
+            return key
+        if self._semantic is not None:
+            found = await self._semantic.lookup(query)
+            if isinstance(found, CacheHit) and found.key is not None:
+                return found.key
+        raise NothingThere(f"no entry serves {what.question!r} in category {category.name!r} for tenant {tenant!r}")
+
+    async def _delete_faq(self, name: str) -> int:
+        tag = await self._versions.refresh()
+        set_key = faq_set_key(tag, name)
+        keys = await self._redis.smembers(set_key)
+        if not keys:
+            raise NothingThere(f"no curated answers loaded under {name!r}")
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.unlink(*keys)
+            pipe.unlink(set_key)
+            deleted, _ = await pipe.execute()
+        return int(deleted)
+
+
+async def sweep_stale_generations(redis: Redis, tag: str, *, batch: int = 500) -> int:
+    """Delete the entries of version ``tag`` stored under an older generation of their scope.
+
+    Runs in the background after a targeted invalidation; they are unreachable already, and
+    would expire by TTL anyway. Curated answers are not scoped by generation and are kept.
+
+    Returns:
+        How many keys were deleted.
+    """
+    generations: dict[tuple[str, str], str] = {}
+    deleted = 0
+    for prefix in (exact_prefix(tag), semantic_prefix(tag)):
+        keys = [k async for k in redis.scan_iter(match=prefix + "*", count=1000) if b":faq-" not in k]
+        for start in range(0, len(keys), batch):
+            chunk = keys[start:start + batch]
+            async with redis.pipeline(transaction=False) as pipe:
+                for key in chunk:
+                    pipe.hmget(key, [FIELD_CATEGORY, FIELD_TENANT, FIELD_GENERATION])
+                rows = await pipe.execute()
+            stale = []
+            for key, (category, tenant, stored) in zip(chunk, rows, strict=True):
+                if category is None or tenant is None:
+                    continue  # gone meanwhile
+                scope = (_text(category), _text(tenant))
+                if scope not in generations:
+                    generations[scope] = generation_of(await redis.hmget(SCOPES_KEY, list(scope_fields(*scope))))
+                if (_text(stored) or NO_GENERATION) != generations[scope]:
+                    stale.append(key)
+            if stale:
+                deleted += int(await redis.unlink(*stale))
+            await asyncio.sleep(0)  # let requests through between batches
+    if deleted:
+        logger.info("swept %d entries of stale generations (%s)", deleted, tag)
+    return deleted
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else "" if value is None else str(value)
