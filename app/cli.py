@@ -10,6 +10,7 @@
     strata faq load FILE.csv|FILE.yaml [--name NAME]
     strata keys [--file KEYS.json] add --tenant NAME | revoke KEY_ID | list
     strata cache invalidate ... | audit ...   (app/ops.py)
+    strata top [--url URL]                    (app/top.py)
 
 Settings (embedder, policy file, verifier files) come from the same ``STRATA_*`` environment
 variables as the service, so the decisions are the ones the service would make.
@@ -472,9 +473,10 @@ def parser() -> argparse.ArgumentParser:
     revoke.add_argument("key_id")
     actions.add_parser("list", help="key ids, state and tenants (never the keys)")
     keys.set_defaults(run=cmd_keys)
-    from app.ops import register
+    from app import ops, top
 
-    register(commands)
+    ops.register(commands)
+    top.register(commands)
     return root
 
 

@@ -43,6 +43,9 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter("strata_requests", "Chat requests by cache outcome", ["outcome"], registry=r)
+        self.category_requests = Counter(
+            "strata_category_requests", "Chat requests by cache category and outcome", ["category", "outcome"], registry=r
+        )
         self.lookups = Counter("strata_cache_lookups", "Cache lookups by layer and result", ["layer", "result"], registry=r)
         self.latency = Histogram(
             "strata_request_duration_seconds", "Request latency by outcome", ["outcome"],
@@ -88,9 +91,12 @@ class Metrics:
             ["category", "result", "explored"], registry=r,
         )
 
-    def finish(self, outcome: str, started: float) -> None:
-        """Count one finished request and its latency since ``started`` (``perf_counter``)."""
+    def finish(self, outcome: str, started: float, category: str | None = None) -> None:
+        """Count one finished request (and its category's) and its latency since ``started``
+        (``perf_counter``)."""
         self.requests.labels(outcome).inc()
+        if category is not None:
+            self.category_requests.labels(category, outcome).inc()
         self.latency.labels(outcome).observe(time.perf_counter() - started)
 
     def count_tokens(self, usage: Any) -> None:

@@ -76,7 +76,7 @@ class ChatPipeline:
         plan = await self._plan(call, named)
         plan, hit = await self._cache.lookup(plan)
         if hit is not None:
-            return serve_hit(hit, request, started, self._metrics)
+            return serve_hit(hit, request, started, self._metrics, category=call.category.name)
         exchange = Exchange(body={}, stream=request.stream, plan=plan, started=started, category=call.category.name,
                             outcome=Outcome.MISS if plan.reads else Outcome.BYPASS)
         if self._flight is not None and plan.reads and plan.writes and plan.query is not None:
@@ -86,11 +86,12 @@ class ChatPipeline:
                     lease_key(query.version, query.entry_digest), lambda: self._cache.read_exact(query)
                 )
             except StrataError:
-                self._metrics.finish(Outcome.ERROR, started)
+                self._metrics.finish(Outcome.ERROR, started, call.category.name)
                 raise
             if exchange.ticket.answer is not None:
                 coalesced = CacheHit(layer="exact", completion=exchange.ticket.answer)
-                return serve_hit(coalesced, request, started, self._metrics, coalesced=True)
+                return serve_hit(coalesced, request, started, self._metrics, coalesced=True,
+                                 category=call.category.name)
         # Only the request that asks the model needs a limit; awaited after coalescing, so that no
         # round trip widens the window between a follower's lookup and its joining the leader.
         try:

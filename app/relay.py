@@ -84,7 +84,7 @@ class Relay:
 
     def _failed(self, exchange: Exchange) -> None:
         self._metrics.upstream_requests.labels("error").inc()
-        self._metrics.finish(Outcome.ERROR, exchange.started)
+        self._metrics.finish(Outcome.ERROR, exchange.started, exchange.category)
 
     async def _complete(self, exchange: Exchange) -> ChatResult:
         try:
@@ -94,7 +94,7 @@ class Relay:
             raise
         await self._answered(exchange, raw, completion)
         await exchange.finish(raw)
-        self._metrics.finish(exchange.outcome, exchange.started)
+        self._metrics.finish(exchange.outcome, exchange.started, exchange.category)
         return ChatResult(outcome=exchange.outcome, headers=_headers(exchange), body=raw)
 
     async def _open_stream(self, exchange: Exchange) -> ChatResult:
@@ -136,7 +136,7 @@ class Relay:
             completion = assembler.completion()
             answer = json_encoder.encode(completion)
             await self._answered(exchange, answer, completion)
-            self._metrics.finish(exchange.outcome, exchange.started)
+            self._metrics.finish(exchange.outcome, exchange.started, exchange.category)
             yield sse_event(SSE_DONE)
         finally:
             # Also when the client went away mid-stream: followers must not wait for nothing.

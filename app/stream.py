@@ -69,7 +69,7 @@ def replay_chunks(completion: dict[str, Any], *, include_usage: bool) -> Iterato
 
 
 def serve_hit(hit: CacheHit, request: ChatCompletionRequest, started: float, metrics: Metrics,
-              coalesced: bool = False) -> ChatResult:
+              coalesced: bool = False, category: str | None = None) -> ChatResult:
     """A cached (or coalesced) answer as the response the request asked for: JSON or SSE.
 
     Args:
@@ -78,6 +78,7 @@ def serve_hit(hit: CacheHit, request: ChatCompletionRequest, started: float, met
         started: When the request arrived (``perf_counter``), for the latency metric.
         metrics: Where the outcome is counted.
         coalesced: Whether the answer is another request's (single flight).
+        category: The request's cache category, for the per-category counts.
     """
     outcome = _HIT_OUTCOMES[hit.layer]
     decoded = hit.decoded if hit.decoded is not None else completion_decoder.decode(hit.completion)
@@ -91,7 +92,7 @@ def serve_hit(hit: CacheHit, request: ChatCompletionRequest, started: float, met
         headers["X-Cache-Verdict"] = hit.reason
     if coalesced:
         headers["X-Cache-Coalesced"] = "true"
-    metrics.finish(outcome, started)
+    metrics.finish(outcome, started, category)
     if request.stream:
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
         events = replay_chunks(completion, include_usage=include_usage)
