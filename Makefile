@@ -43,6 +43,8 @@ $(STAMP): pyproject.toml
 
 $(TEST_STAMP): $(STAMP)
 	$(PIP) install -q -e ".[test]" "torch==$(TORCH_VERSION)"
+	@command -v tmux >/dev/null || { [ "$$(id -u)" = 0 ] && (apt-get install -y -qq tmux >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq tmux >/dev/null 2>&1)) || echo "note: tmux not installed; the strata top test is skipped"; }
+	@command -v promtool >/dev/null || { [ "$$(id -u)" = 0 ] && (apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1)) || echo "note: promtool not installed (Debian package prometheus); the alert-rules check is skipped"; }
 	@touch $@
 
 $(CALIBRATE_STAMP): $(STAMP)

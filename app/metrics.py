@@ -74,6 +74,16 @@ class Metrics:
             "strata_upstream_prefix_cache", "The model server's prefix cache: queried and hit prompt tokens, hit ratio",
             ["value"], registry=r, multiprocess_mode="mostrecent",
         )
+        self.dependency_up = Gauge(
+            "strata_dependency_up", "Whether Redis and the model server answered at the last /metrics or /health read",
+            ["dependency"], registry=r, multiprocess_mode="mostrecent",
+        )
+        self.semantic_error = Gauge(
+            "strata_semantic_error_rate",
+            "Adaptive categories: wrong share of served semantic hits estimated from explored hits (estimate), "
+            "its upper confidence bound (upper_bound) and the category's error bound (bound)",
+            ["category", "value"], registry=r, multiprocess_mode="mostrecent",
+        )
         self.learned_max_tokens = Gauge(
             "strata_learned_max_tokens", "L4: the max_tokens learnt per category for requests that name none",
             ["category"], registry=r, multiprocess_mode="mostrecent",

@@ -17,13 +17,7 @@ class HealthController(Controller):
     @get("/health")
     async def health(self, resources: Resources) -> dict[str, Any]:
         """``ok`` when Redis and the upstream both answer, ``degraded`` otherwise."""
-        redis: dict[str, Any] = {"status": "ok"}
-        try:
-            await resources.redis.ping()
-            redis["version"] = resources.versions.known
-        except CACHE_ERRORS as exc:
-            redis = {"status": "down", "error": repr(exc)}
-        up, error = await resources.upstream.healthy()
+        redis, up, error = await self._dependencies(resources)
         upstream: dict[str, Any] = {"status": "ok"} if up else {"status": "down", "error": error}
         if up:
             cache = await self._prefix_cache(resources)
@@ -37,6 +31,20 @@ class HealthController(Controller):
             if warnings:
                 body["warnings"] = warnings
         return body
+
+    @staticmethod
+    async def _dependencies(resources: Resources) -> tuple[dict[str, Any], bool, str | None]:
+        """Redis's state, and whether the upstream answers (also set on ``strata_dependency_up``)."""
+        redis: dict[str, Any] = {"status": "ok"}
+        try:
+            await resources.redis.ping()
+            redis["version"] = resources.versions.known
+        except CACHE_ERRORS as exc:
+            redis = {"status": "down", "error": repr(exc)}
+        up, error = await resources.upstream.healthy()
+        resources.metrics.dependency_up.labels("redis").set(1 if redis["status"] == "ok" else 0)
+        resources.metrics.dependency_up.labels("upstream").set(1 if up else 0)
+        return redis, up, error
 
     @staticmethod
     async def _live_precision(resources: Resources) -> tuple[dict[str, Any], list[str]]:
@@ -57,6 +65,10 @@ class HealthController(Controller):
             explored = counts.explored_ok + counts.explored_wrong
             upper = wilson_upper(counts.explored_wrong, explored, z_of(policy.confidence))
             wrong, total = counts.at_or_above(0)
+            gauge = resources.metrics.semantic_error
+            gauge.labels(name, "bound").set(policy.error_bound)
+            gauge.labels(name, "estimate").set(counts.explored_wrong / explored if explored else 0.0)
+            gauge.labels(name, "upper_bound").set(upper if explored else 1.0)
             report[name] = {
                 "error_bound": policy.error_bound, "observations": total, "observed_wrong": wrong,
                 "explored": explored, "explored_wrong": counts.explored_wrong,
@@ -74,8 +86,12 @@ class HealthController(Controller):
 
     @get("/metrics")
     async def metrics(self, resources: Resources) -> Response[bytes]:
-        """Prometheus text exposition (the model server's prefix-cache figures read on the way)."""
+        """Prometheus text exposition; the dependencies' state, the model server's prefix-cache
+        figures and the adaptive categories' live precision are read on the way."""
+        redis, _, _ = await self._dependencies(resources)
         await self._prefix_cache(resources)
+        if redis["status"] == "ok" and resources.semantic is not None:
+            await self._live_precision(resources)
         return Response(content=resources.metrics.render(), media_type=CONTENT_TYPE)
 
     @staticmethod
