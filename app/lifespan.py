@@ -186,6 +186,7 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
     else:
         logger.info("cache version %s", current)
         resources.spawn(sweep_after(resources, current), "sweep-stale-versions")
+    resources.spawn(resources.metrics.usage.run(resources.redis, CACHE_ERRORS), "usage-counts")
     prefix_cache = await resources.upstream.prefix_cache()
     logger.info("upstream prefix-cache metrics: %s",
                 ", ".join(prefix_cache.names) if prefix_cache else "none found (no hit ratio on /metrics and /health)")

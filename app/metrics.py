@@ -11,6 +11,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from app.cache.usage import UsageCounts
+
 # Set by `python -m app.serve` when it runs several workers: every worker then writes its
 # values to files there, and a scrape of any worker reports the sum over all of them.
 MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -41,6 +43,8 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        # Requests per category and outcome, added to Redis every few seconds (strata cache stats).
+        self.usage = UsageCounts()
         r = self.registry
         self.requests = Counter("strata_requests", "Chat requests by cache outcome", ["outcome"], registry=r)
         self.category_requests = Counter(
@@ -107,6 +111,7 @@ class Metrics:
         self.requests.labels(outcome).inc()
         if category is not None:
             self.category_requests.labels(category, outcome).inc()
+            self.usage.add(category, outcome)
         self.latency.labels(outcome).observe(time.perf_counter() - started)
 
     def count_tokens(self, usage: Any) -> None:

@@ -3,6 +3,8 @@
     strata cache invalidate --all | --category C [--tenant T] | --tenant T | --key K
                             | --question Q --model M [--category C] [--tenant T] [--system S] | --faq NAME
     strata cache audit [--count N] [--json]
+    strata cache stats [--top N] [--json]
+    strata cache inspect KEY | --question Q --model M [--category C] [--tenant T] [--system S] [--json]
 
 They use the service's settings (``STRATA_REDIS_URL``, the policy file) and the same code as
 ``POST /admin/cache/invalidate``; each invalidation is audited with the operator's login.
@@ -138,9 +140,174 @@ def cmd_audit(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+async def collect_stats(redis: Any, tag: str, top: int) -> dict[str, Any]:
+    """Entries, aliases, curated answers and memory per (category, tenant) of version ``tag``,
+    requests by category and outcome over the last hour, and the most-hit questions."""
+    from app.cache.keys import (
+        FIELD_CATEGORY,
+        FIELD_HITS,
+        FIELD_QUESTION,
+        FIELD_ROOT,
+        FIELD_TENANT,
+        exact_prefix,
+        semantic_prefix,
+    )
+    from app.cache.usage import last_hour
+
+    groups: dict[tuple[str, str], dict[str, int]] = {}
+    hits: list[tuple[int, str, str, str]] = []
+    for prefix in (exact_prefix(tag), semantic_prefix(tag)):
+        layer = "exact" if prefix.endswith(":exact:") else "semantic"
+        keys = [k async for k in redis.scan_iter(match=prefix + "*", count=1000)]
+        for start in range(0, len(keys), 500):
+            chunk = keys[start:start + 500]
+            async with redis.pipeline(transaction=False) as pipe:
+                for key in chunk:
+                    pipe.hmget(key, [FIELD_CATEGORY, FIELD_TENANT, FIELD_ROOT, FIELD_HITS, FIELD_QUESTION])
+                    pipe.memory_usage(key, samples=0)
+                rows = await pipe.execute()
+            for key, (category, tenant, root, hit_count, question), memory in zip(
+                    chunk, rows[::2], rows[1::2], strict=True):
+                if category is None:
+                    continue  # expired meanwhile
+                name = key.decode()
+                group = groups.setdefault((category.decode(), tenant.decode()), {
+                    "exact": 0, "semantic": 0, "aliases": 0, "curated": 0, "memory_bytes": 0})
+                group["memory_bytes"] += int(memory or 0)
+                if ":faq-" in name:
+                    group["curated"] += 1
+                elif layer == "semantic" and root is not None and root.decode() != name:
+                    group["aliases"] += 1
+                else:
+                    group[layer] += 1
+                if hit_count and int(hit_count) > 0:
+                    hits.append((int(hit_count), (question or b"").decode(), layer, name))
+    usage = await last_hour(redis)
+    by_category: dict[str, dict[str, int]] = {}
+    for (category, outcome), count in usage.items():
+        by_category.setdefault(category, {})[outcome] = count
+    hits.sort(key=lambda h: (-h[0], h[3]))
+    return {
+        "version": tag,
+        "entries": [{"category": c, "tenant": t, **g} for (c, t), g in sorted(groups.items())],
+        "last_hour": [{"category": c, "requests": sum(o.values()), **o} for c, o in sorted(by_category.items())],
+        "most_hit": [{"hits": n, "question": q, "layer": layer, "key": k} for n, q, layer, k in hits[:top]],
+    }
+
+
+def _ratio(part: int, whole: int) -> str:
+    return f"{100 * part / whole:.1f}%" if whole else "-"
+
+
+def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
+    from redis.exceptions import RedisError
+
+    async def go() -> dict[str, Any]:
+        async with _invalidator(settings, with_semantic=False) as invalidator:
+            return await collect_stats(invalidator.redis, await invalidator.versions.refresh(), args.top)
+
+    try:
+        stats = asyncio.run(go())
+    except (RedisError, OSError) as exc:
+        return _fail(f"Redis at {settings.redis.url}: {exc}")
+    if args.json:
+        print(json.dumps(stats))
+        return 0
+    entries = [{**row, "memory": f"{row['memory_bytes'] / 1024:.1f} KiB"} for row in stats["entries"]]
+    print(f"cache version {stats['version']}\n")
+    print(table(entries, ["category", "tenant", "exact", "semantic", "aliases", "curated", "memory"])
+          if entries else "no entries")
+    rows = [{**row, "exact hits": _ratio(row.get("exact-hit", 0), row["requests"]),
+             "semantic hits": _ratio(row.get("semantic-hit", 0), row["requests"]),
+             "misses": _ratio(row.get("miss", 0), row["requests"])} for row in stats["last_hour"]]
+    print("\nlast hour")
+    print(table(rows, ["category", "requests", "exact hits", "semantic hits", "misses"]) if rows else "no requests")
+    print("\nmost hit")
+    print(table(stats["most_hit"], ["hits", "layer", "question"]) if stats["most_hit"] else "no hits yet")
+    return 0
+
+
+async def describe_entry(redis: Any, semantic: Any, key: str) -> dict[str, Any]:
+    """An entry as an operator wants to read it: fields (no vector), its answer's text, TTL,
+    what it learnt (observations, confirmations, wrong_above) and its aliases."""
+    from app.cache.keys import FIELD_ANSWER, FIELD_EMBEDDING, FIELD_QUESTION, FIELD_ROOT
+
+    raw = await redis.hgetall(key)
+    if not raw:
+        raise LookupError(f"no entry {key}")
+    fields = {k.decode(): v for k, v in raw.items()}
+    answer = fields.pop(FIELD_ANSWER, b"")
+    fields.pop(FIELD_EMBEDDING, None)
+    text = {k: v.decode(errors="replace") for k, v in fields.items()}
+    learnt = {k: int(v) for k, v in text.items() if k.split(":")[0] in ("ok", "wrong", "confirmed")}
+    for name in learnt:
+        text.pop(name)
+    try:
+        content = json.loads(answer)["choices"][0]["message"]["content"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        content = None
+    described: dict[str, Any] = {"key": key, "ttl_s": await redis.ttl(key), **text, "answer_text": content,
+                                 "observations": learnt}
+    root = text.get(FIELD_ROOT)
+    if semantic is not None and ":sem:" in key and root:
+        documents = sorted(await semantic.documents_of(key.split(":")[1], root))
+        async with redis.pipeline(transaction=False) as pipe:
+            for document in documents:
+                pipe.hget(document, FIELD_QUESTION)
+            questions = await pipe.execute()
+        described["documents"] = [{"key": d, "question": (q or b"").decode(), "entry": d == root}
+                                  for d, q in zip(documents, questions, strict=True)]
+    return described
+
+
+def cmd_inspect(args: argparse.Namespace, settings: Settings) -> int:
+    from redis.exceptions import RedisError
+
+    from app.cache.invalidation import ENTRY_KEY, Invalidation, InvalidationError, NothingThere
+
+    if (args.key is None) == (args.question is None):
+        return _fail("name an entry: a KEY or --question (with --model)")
+    if args.key is not None and not ENTRY_KEY.match(args.key):
+        return _fail(f"not a Strata entry key: {args.key!r}")
+
+    async def go() -> dict[str, Any]:
+        async with _invalidator(settings, with_semantic=True) as invalidator:
+            key = args.key
+            if key is None:
+                what = Invalidation(question=args.question, model=args.model, category=args.category,
+                                    tenant=args.tenant, system=args.system)
+                invalidator.check(what)
+                key = await invalidator.entry_of_question(what)
+            return await describe_entry(invalidator.redis, invalidator.semantic, key)
+
+    try:
+        described = asyncio.run(go())
+    except InvalidationError as exc:
+        return _fail(str(exc))
+    except (NothingThere, LookupError) as exc:
+        print(f"strata: {exc}", file=sys.stderr)
+        return 1
+    except (RedisError, OSError) as exc:
+        return _fail(f"Redis at {settings.redis.url}: {exc}")
+    if args.json:
+        print(json.dumps(described, ensure_ascii=False))
+        return 0
+    documents = described.pop("documents", [])
+    observations = described.pop("observations")
+    width = max(len(k) for k in described)
+    for name, value in described.items():
+        print(f"{name.ljust(width)}  {value}")
+    if observations:
+        print("\nobservations  " + "  ".join(f"{k}={v}" for k, v in sorted(observations.items())))
+    if documents:
+        print(f"\ndocuments of this entry ({len(documents)})")
+        print(table([{**d, "entry": "entry" if d["entry"] else "alias"} for d in documents], ["entry", "question", "key"]))
+    return 0
+
+
 def register(commands: Any) -> None:
     """Add ``strata cache ...`` to the command's subparsers."""
-    cache = commands.add_parser("cache", help="operate the cache: invalidate, audit")
+    cache = commands.add_parser("cache", help="operate the cache: invalidate, audit, stats, inspect")
     steps = cache.add_subparsers(dest="step", required=True)
     invalidate = steps.add_parser("invalidate", help="make entries unreachable at once (audited)")
     invalidate.add_argument("--all", action="store_true", help="everything: bump the version")
@@ -157,3 +324,16 @@ def register(commands: Any) -> None:
     audit.add_argument("--count", type=int, default=20)
     audit.add_argument("--json", action="store_true")
     audit.set_defaults(run=cmd_audit)
+    stats = steps.add_parser("stats", help="entries, aliases and memory by category and tenant; last hour's hits")
+    stats.add_argument("--top", type=int, default=10, help="most-hit questions to list")
+    stats.add_argument("--json", action="store_true")
+    stats.set_defaults(run=cmd_stats)
+    inspect = steps.add_parser("inspect", help="one entry: fields, answer, TTL, observations, aliases")
+    inspect.add_argument("key", nargs="?", help="the entry's Redis key")
+    inspect.add_argument("--question", help="the entry this question would be served (with --model)")
+    inspect.add_argument("--model")
+    inspect.add_argument("--category")
+    inspect.add_argument("--tenant")
+    inspect.add_argument("--system")
+    inspect.add_argument("--json", action="store_true")
+    inspect.set_defaults(run=cmd_inspect)

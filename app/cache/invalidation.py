@@ -131,6 +131,10 @@ class CacheInvalidator:
     def versions(self) -> VersionTag:
         return self._versions
 
+    @property
+    def semantic(self) -> SemanticCache | None:
+        return self._semantic
+
     def check(self, what: Invalidation) -> None:
         """Raise :class:`InvalidationError` unless ``what`` names one well-formed target."""
         targets = sum(x is not None for x in (what.key, what.question, what.faq))
@@ -170,7 +174,7 @@ class CacheInvalidator:
             assert what.key is not None
             done = Invalidated(kind=kind, target=what.key, deleted=await self._delete_entry(what.key))
         elif kind == "question":
-            key = await self._entry_of_question(what)
+            key = await self.entry_of_question(what)
             done = Invalidated(kind=kind, target=key, deleted=await self._delete_entry(key))
         else:
             assert what.faq is not None
@@ -196,7 +200,7 @@ class CacheInvalidator:
             keys |= await self._semantic.documents_of(key.split(":")[1], root)
         return int(await self._redis.unlink(*keys))
 
-    async def _entry_of_question(self, what: Invalidation) -> str:
+    async def entry_of_question(self, what: Invalidation) -> str:
         """The key of the entry a request with this question would be served from."""
         category = self._policy.get(what.category)
         assert category is not None  # checked

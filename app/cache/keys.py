@@ -6,6 +6,7 @@ Redis key layout (every name readable with ``redis-cli``)::
     strata:meta:scopes             HASH    invalidation counters: category:<c>, tenant:<t>,
                                            category:<c>|tenant:<t> (absent = 0); see app/cache/version.py
     strata:meta:audit              STREAM  every invalidation: who, what, when (capped)
+    strata:meta:usage:<YYYYMMDDHHMM>  HASH requests per <category>|<outcome> in that UTC minute (2 h TTL)
     strata:vN:exact:<sha256>       HASH    L1 entry (fields below), TTL from the category
     strata:vN:sem:<sha256>         HASH    L2 entry, indexed by the RediSearch index strata:vN:sem
     strata:vN:lease:<sha256>       STRING  single-flight lease while one worker asks the model
@@ -23,6 +24,7 @@ Prefixes end with ``:`` and none is a prefix of another (``strata:v1:sem:`` does
 from __future__ import annotations
 
 import hashlib
+import time
 import unicodedata
 from typing import Any
 
@@ -93,6 +95,11 @@ def generation_of(values: list[Any] | tuple[Any, ...]) -> str:
 def with_generation(digest: str, generation: str) -> str:
     """A digest under a generation: itself until the first targeted invalidation of its scope."""
     return digest if generation == NO_GENERATION else _digest([digest, generation])
+
+
+def usage_key(minute: int) -> str:
+    """Requests per category and outcome in one UTC minute (``minute`` = Unix seconds // 60)."""
+    return f"{NAMESPACE}:meta:usage:{time.strftime('%Y%m%d%H%M', time.gmtime(minute * 60))}"
 
 
 def version_tag(version: int) -> str:

@@ -196,3 +196,40 @@ def test_the_cli_mirrors_the_endpoint(warmed: tuple[str, str, dict[str, str]], r
     assert redis_sync.hgetall("strata:meta:scopes") == scopes
     audit = run_cli("cache", "audit", "--count", "3", env=env)
     assert audit.returncode == 0 and "category:business|tenant:shop-b" in audit.stdout and "(cli)" in audit.stdout
+
+
+def test_stats_and_inspect_show_entries_hits_and_aliases(warmed: tuple[str, str, dict[str, str]], redis_url: str,
+                                                         redis_sync: redis.Redis) -> None:
+    one, _, keys = warmed
+    for _ in range(3):
+        ask(one, QUESTIONS[1], key=keys["shop-b"], headers={"X-Cache-Category": "business"})
+    env = {"STRATA_REDIS_URL": redis_url}
+    deadline = time.monotonic() + 15  # usage counts reach Redis every few seconds
+    while True:
+        stats = run_cli("cache", "stats", "--json", env=env)
+        assert stats.returncode == 0, stats.stderr
+        data = json.loads(stats.stdout)
+        requests = sum(row["requests"] for row in data["last_hour"])
+        if requests >= len(QUESTIONS) * 4 + 3 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert requests >= len(QUESTIONS) * 4 + 3
+    groups = {(row["category"], row["tenant"]): row for row in data["entries"]}
+    assert set(groups) == {(c, t) for c in CATEGORIES for t in keys}
+    assert all(row["exact"] == row["semantic"] == len(QUESTIONS) and row["memory_bytes"] > 0 for row in groups.values())
+    top = data["most_hit"][0]
+    assert top["question"] == QUESTIONS[1] and top["hits"] >= 3
+    table = run_cli("cache", "stats", env=env)
+    assert table.returncode == 0 and "last hour" in table.stdout and "shop-b" in table.stdout
+    inspected = run_cli("cache", "inspect", "--question", QUESTIONS[1], "--model", "fake-model",
+                        "--category", "business", "--tenant", "shop-b", "--json", env=env)
+    assert inspected.returncode == 0, inspected.stderr
+    entry = json.loads(inspected.stdout)
+    assert entry["question"] == QUESTIONS[1] and entry["ttl_s"] > 0 and int(entry["hits"]) >= 3
+    assert entry["answer_text"] and "embedding" not in entry
+    semantic_key = next(k.decode() for k in entry_keys(redis_sync) if b":sem:" in k
+                        and redis_sync.hmget(k, ["question", "tenant", "category"]) == [QUESTIONS[1].encode(), b"shop-b", b"business"])
+    readable = run_cli("cache", "inspect", semantic_key, env=env)
+    assert readable.returncode == 0 and "documents of this entry (1)" in readable.stdout, readable.stdout + readable.stderr
+    assert run_cli("cache", "inspect", "strata:v1:exact:nope", env=env).returncode == 2
+    assert run_cli("cache", "inspect", "strata:v1:exact:" + "0" * 64, env=env).returncode == 1
