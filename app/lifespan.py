@@ -16,6 +16,7 @@ from redis.retry import Retry
 
 from app.auth import TenantResolver
 from app.cache.base import CACHE_ERRORS, CacheLayer
+from app.cache.embeddings import EmbeddingsCache
 from app.cache.exact import ExactCache
 from app.cache.invalidation import CacheInvalidator, sweep_stale_generations
 from app.cache.judge import AnswerJudge
@@ -56,6 +57,7 @@ class Resources:
     hygiene: PromptHygiene | None
     rate_limiter: TenantRateLimiter
     invalidator: CacheInvalidator
+    embeddings: EmbeddingsCache | None
     semantic: SemanticCache | None = None
     embedder: BatchingEmbedder | None = None
     background: set[asyncio.Task[Any]] = field(default_factory=set)
@@ -138,6 +140,7 @@ async def build_resources(settings: Settings, encoder: Encoder | None = None) ->
         settings=settings, policy=policy, redis=redis, versions=versions, upstream=upstream, metrics=metrics,
         pipeline=pipeline, cache=cache, tenants=tenants, hygiene=hygiene, rate_limiter=rate_limiter, semantic=semantic, embedder=embedder,
         invalidator=CacheInvalidator(redis, versions, generations, policy, semantic),
+        embeddings=EmbeddingsCache(redis, versions, settings.embeddings_ttl_s) if settings.embeddings_ttl_s > 0 else None,
     )
 
 

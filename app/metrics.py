@@ -50,6 +50,14 @@ class Metrics:
         self.category_requests = Counter(
             "strata_category_requests", "Chat requests by cache category and outcome", ["category", "outcome"], registry=r
         )
+        self.embedding_requests = Counter(
+            "strata_embedding_requests", "Embeddings requests by outcome (exact-hit, miss, bypass, error)", ["outcome"],
+            registry=r,
+        )
+        self.passthrough_requests = Counter(
+            "strata_passthrough_requests", "Other /v1/ requests passed to the model server, by status class",
+            ["status"], registry=r,
+        )
         self.lookups = Counter("strata_cache_lookups", "Cache lookups by layer and result", ["layer", "result"], registry=r)
         self.latency = Histogram(
             "strata_request_duration_seconds", "Request latency by outcome", ["outcome"],

@@ -108,6 +108,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # Single flight: one upstream call per identical miss, across workers.
     singleflight_lease_s: float = 130.0
     singleflight_poll_s: float = 0.02
+    # /v1/embeddings responses are cached exactly this long (0: not cached).
+    embeddings_ttl_s: int = 86_400
 
     redis: RedisSettings = field(default_factory=RedisSettings)
     upstream: UpstreamSettings = field(default_factory=UpstreamSettings)

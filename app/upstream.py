@@ -20,13 +20,18 @@ from app.errors import StrataError, UpstreamRejected, UpstreamTimeout, UpstreamU
 from app.limits import ConcurrencyLimit
 from app.settings import UpstreamSettings
 from app.upstream_metrics import PrefixCache, read_prefix_cache
-from app.wire import SSE_DONE, completion_decoder
+from app.wire import LEGACY_COMPLETION_FIELD, SSE_DONE, completion_decoder, json_encoder, legacy_as_chat
 
 logger = logging.getLogger("strata.upstream")
 
 # The HTTP library the SDK is built on: httpx, or its fork httpx2 in SDK 3.x. Mid-stream
 # transport errors surface as its exceptions, not as openai errors.
 _http = importlib.import_module(openai.DefaultAsyncHttpxClient.__mro__[1].__module__.split(".")[0])
+
+
+# Headers a pass-through request and its answer keep (the rest is hop-by-hop or Strata's own).
+_FORWARDED_HEADERS = frozenset({"content-type", "accept", "openai-beta", "openai-organization", "openai-project"})
+_RETURNED_HEADERS = frozenset({"content-type", "cache-control", "x-request-id", "openai-processing-ms"})
 
 
 def _translate(exc: openai.OpenAIError) -> StrataError:
@@ -78,6 +83,8 @@ class Upstream:
                                          timeout=settings.health_timeout_s)
         self._retries = settings.max_retries
         self._health_timeout = settings.health_timeout_s
+        self._api_key = settings.api_key
+        self._timeout = httpx.Timeout(settings.timeout_s, connect=settings.connect_timeout_s)
         # Protects the model server: beyond this many calls in flight, requests queue, then 503.
         self._limit = ConcurrencyLimit(settings.max_concurrency, settings.queue_timeout_s)
 
@@ -107,12 +114,18 @@ class Upstream:
             StrataError: The upstream failed, timed out or rejected the request.
         """
         model, messages, rest = _split(body)
+        legacy = bool(rest.pop(LEGACY_COMPLETION_FIELD, False))
         async with self._limit.slot():
             for attempt in range(self._retries + 1):
                 try:
-                    raw = await self._client.chat.completions.with_raw_response.create(
-                        model=model, messages=messages, extra_body=rest
-                    )
+                    if legacy:  # a legacy text completion: its one user message is the prompt
+                        raw = await self._client.completions.with_raw_response.create(
+                            model=model, prompt=messages[-1]["content"], extra_body=rest
+                        )
+                    else:
+                        raw = await self._client.chat.completions.with_raw_response.create(
+                            model=model, messages=messages, extra_body=rest
+                        )
                     break
                 except openai.OpenAIError as exc:
                     if attempt == self._retries or not _never_reached(exc):
@@ -120,9 +133,13 @@ class Upstream:
                     await self._backoff(attempt)
         content = raw.http_response.content
         try:
-            return content, completion_decoder.decode(content)
+            decoded = completion_decoder.decode(content)
         except ValueError as exc:
             raise UpstreamUnavailable("the model server sent a malformed completion") from exc
+        if legacy:
+            decoded = legacy_as_chat(decoded)
+            content = json_encoder.encode(decoded)
+        return content, decoded
 
     @staticmethod
     async def _backoff(attempt: int) -> None:
@@ -159,6 +176,56 @@ class Upstream:
             raise UpstreamTimeout("the model server stopped answering mid-stream") from exc
         except _http.HTTPError as exc:
             raise UpstreamUnavailable(f"the model server stream broke: {exc}") from exc
+
+    async def embeddings(self, body: dict[str, Any]) -> bytes:
+        """``POST /v1/embeddings`` on the upstream; the response body as received.
+
+        Raises:
+            StrataError: The upstream failed, timed out or rejected the request.
+        """
+        rest = {k: v for k, v in body.items() if k not in ("model", "input", "encoding_format")}
+        async with self._limit.slot():
+            try:
+                raw = await self._client.embeddings.with_raw_response.create(
+                    model=body["model"], input=body["input"],
+                    # Named always: left out, the SDK would ask for base64 and decode it itself.
+                    encoding_format=body.get("encoding_format") or "float", extra_body=rest,
+                )
+            except openai.OpenAIError as exc:
+                raise _translate(exc) from exc
+        return raw.http_response.content
+
+    async def forward(self, method: str, path: str, query: str, headers: dict[str, str],
+                      body: bytes) -> tuple[int, dict[str, str], AsyncIterator[bytes]]:
+        """Pass any other request under ``/v1/`` to the upstream untouched (no cache), streaming
+        the answer back; the upstream's own API key replaces the client's.
+
+        Returns:
+            The status, the response headers worth passing on, and the body's chunks.
+
+        Raises:
+            StrataError: The upstream is unreachable or timed out.
+        """
+        sent = {k: v for k, v in headers.items() if k.lower() in _FORWARDED_HEADERS}
+        sent["authorization"] = f"Bearer {self._api_key}"
+        request = self._server.build_request(method, "/v1/" + path, params=query or None, headers=sent, content=body,
+                                             timeout=self._timeout)
+        try:
+            response = await self._server.send(request, stream=True)
+        except httpx.TimeoutException as exc:
+            raise UpstreamTimeout("the model server did not answer in time") from exc
+        except httpx.HTTPError as exc:
+            raise UpstreamUnavailable(f"the model server is unreachable: {exc}") from exc
+        kept = {k: v for k, v in response.headers.items() if k.lower() in _RETURNED_HEADERS}
+
+        async def chunks() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in response.aiter_raw():
+                    yield chunk
+            finally:
+                await response.aclose()
+
+        return response.status_code, kept, chunks()
 
     async def models(self) -> bytes:
         """``GET /v1/models`` on the upstream, passed through."""

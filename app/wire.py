@@ -55,6 +55,87 @@ class ChatCompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
     user: str | None = None
 
 
+def _check_inputs(name: str, value: str | list[Any]) -> None:
+    """A prompt or input list holds texts, token ids, or lists of token ids, not a mix."""
+    if isinstance(value, str):
+        return
+    kinds = {str if isinstance(v, str) and v else int if type(v) is int else
+             list if isinstance(v, list) and v and all(type(t) is int for t in v) else None for v in value}
+    if len(kinds) != 1 or None in kinds:
+        raise ValueError(f"`{name}` must be a non-empty text, a list of non-empty texts, token ids or lists of token ids")
+
+
+class CompletionRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """The validated view of ``POST /v1/completions`` (legacy text completions)."""
+
+    model: Annotated[str, Meta(min_length=1)]
+    prompt: Annotated[str, Meta(min_length=1)] | Annotated[list[Any], Meta(min_length=1)]
+    stream: bool = False
+    max_tokens: PositiveInt | None = None
+    n: Annotated[int, Meta(ge=1, le=128)] | None = None
+    best_of: Annotated[int, Meta(ge=1, le=128)] | None = None
+    echo: bool = False
+    logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
+    temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Meta(gt=0.0, le=1.0)] | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    suffix: str | None = None
+    user: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_inputs("prompt", self.prompt)
+
+    @property
+    def cacheable(self) -> bool:
+        """One text prompt, one plain answer: what the chat layers can store and replay."""
+        return (isinstance(self.prompt, str) and not self.stream and (self.n or 1) == 1 and (self.best_of or 1) == 1
+                and not self.echo and self.logprobs is None and self.suffix is None)
+
+
+class EmbeddingRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """The validated view of ``POST /v1/embeddings``."""
+
+    model: Annotated[str, Meta(min_length=1)]
+    input: Annotated[str, Meta(min_length=1)] | Annotated[list[Any], Meta(min_length=1)]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: PositiveInt | None = None
+    user: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_inputs("input", self.input)
+
+
+# A legacy completion travels through the chat pipeline as a one-message chat call marked with
+# this field (so its keys never meet a chat request's); the upstream sends it to /v1/completions.
+LEGACY_COMPLETION_FIELD = "strata_legacy_completion"
+
+
+def legacy_as_chat(legacy: dict[str, Any]) -> dict[str, Any]:
+    """A text completion in the chat shape the cache stores (``choices[].message.content``)."""
+    return {
+        "id": legacy.get("id", ""), "object": "chat.completion", "created": legacy.get("created", 0),
+        "model": legacy.get("model", ""),
+        "choices": [{"index": c.get("index", i), "message": {"role": "assistant", "content": c.get("text", "")},
+                     "logprobs": None, "finish_reason": c.get("finish_reason")}
+                    for i, c in enumerate(legacy.get("choices") or [])],
+        "usage": legacy.get("usage"),
+    }
+
+
+def chat_as_legacy(chat: dict[str, Any]) -> dict[str, Any]:
+    """The text completion a legacy client expects, from the chat shape."""
+    identity = str(chat.get("id", ""))
+    return {
+        "id": "cmpl-" + identity.removeprefix("chatcmpl-"), "object": "text_completion",
+        "created": chat.get("created", 0), "model": chat.get("model", ""),
+        "choices": [{"index": c.get("index", i), "text": (c.get("message") or {}).get("content") or "",
+                     "logprobs": None, "finish_reason": c.get("finish_reason")}
+                    for i, c in enumerate(chat.get("choices") or [])],
+        "usage": chat.get("usage"),
+    }
+
+
 # --- responses -------------------------------------------------------------------------------
 
 

@@ -104,6 +104,9 @@ class FakeUpstream:
         judge_delay: Seconds to wait before answering a judge prompt.
         judge_calls: Judge prompts received, as (cached question, new question).
         answers: Fixed answers by question (normalised text), instead of the generated one.
+        completion_calls: Legacy ``/v1/completions`` requests received.
+        embedding_calls: ``/v1/embeddings`` requests received.
+        other_calls: Requests to other paths, as (method, path, body).
     """
 
     url: str = ""
@@ -117,9 +120,15 @@ class FakeUpstream:
     judge_delay: float = 0.0
     judge_calls: list[tuple[str, str]] = field(default_factory=list)
     answers: dict[str, str] = field(default_factory=dict)
+    completion_calls: list[dict[str, Any]] = field(default_factory=list)
+    embedding_calls: list[dict[str, Any]] = field(default_factory=list)
+    other_calls: list[tuple[str, str, bytes]] = field(default_factory=list)
 
     def reset(self) -> None:
         self.calls.clear()
+        self.completion_calls.clear()
+        self.embedding_calls.clear()
+        self.other_calls.clear()
         self.status, self.delay, self.finish_reason, self.fail_mid_stream = 200, 0.0, "stop", False
         self.malformed_chunk = False
         self.judge_reply, self.judge_delay = "yes", 0.0
@@ -169,6 +178,54 @@ class FakeUpstream:
             }
             return Response(msgspec.json.encode(completion), media_type="application/json")
 
+        @post("/v1/completions", status_code=200)
+        async def completions(request: Request) -> Response[bytes] | Stream:
+            body = msgspec.json.decode(await request.body())
+            upstream.completion_calls.append(body)
+            if upstream.status != 200:
+                error = {"error": {"message": "fake upstream failure", "type": "server_error", "code": None}}
+                return Response(msgspec.json.encode(error), status_code=upstream.status, media_type="application/json")
+            text = f" completes: {body['prompt']}"
+            identity = {"id": f"cmpl-fake{len(upstream.completion_calls)}", "created": 1700000000, "model": body["model"]}
+            if body.get("stream"):
+                async def events() -> Any:
+                    for piece in (text[:5], text[5:]):
+                        chunk = {**identity, "object": "text_completion",
+                                 "choices": [{"index": 0, "text": piece, "logprobs": None, "finish_reason": None}]}
+                        yield b"data: " + msgspec.json.encode(chunk) + b"\n\n"
+                    yield b"data: [DONE]\n\n"
+                return Stream(events(), media_type="text/event-stream")
+            completion = {**identity, "object": "text_completion",
+                          "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": upstream.finish_reason}],
+                          "usage": {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7}}
+            return Response(msgspec.json.encode(completion), media_type="application/json")
+
+        @post("/v1/embeddings", status_code=200)
+        async def embeddings(request: Request) -> dict[str, Any]:
+            body = msgspec.json.decode(await request.body())
+            upstream.embedding_calls.append(body)
+            texts = body["input"] if isinstance(body["input"], list) else [body["input"]]
+            data = [{"object": "embedding", "index": i,
+                     "embedding": [((hash(str(t)) >> shift) % 1000) / 1000 for shift in (0, 8, 16, 24)]}
+                    for i, t in enumerate(texts)]
+            return {"object": "list", "data": data, "model": body["model"],
+                    "usage": {"prompt_tokens": len(texts), "total_tokens": len(texts)}}
+
+        @get("/v1/models/{model_id:str}")
+        async def model(model_id: str) -> Response[bytes]:
+            upstream.other_calls.append(("GET", f"/v1/models/{model_id}", b""))
+            if model_id != "fake-model":
+                error = {"error": {"message": f"no model {model_id}", "type": "invalid_request_error", "code": None}}
+                return Response(msgspec.json.encode(error), status_code=404, media_type="application/json")
+            return Response(msgspec.json.encode({"id": model_id, "object": "model", "created": 1700000000,
+                                                 "owned_by": "tests"}), media_type="application/json")
+
+        @post("/v1/moderations", status_code=200)
+        async def moderations(request: Request) -> dict[str, Any]:
+            upstream.other_calls.append(("POST", "/v1/moderations", await request.body()))
+            return {"id": "modr-fake", "model": "fake-moderation",
+                    "results": [{"flagged": False, "categories": {}, "category_scores": {}}]}
+
         @get("/v1/models")
         async def models() -> dict[str, Any]:
             return {"object": "list", "data": [{"id": "fake-model", "object": "model", "owned_by": "tests"}]}
@@ -179,7 +236,7 @@ class FakeUpstream:
             return ('vllm:prefix_cache_queries_total{engine="0",model_name="fake-model"} 400.0\n'
                     'vllm:prefix_cache_hits_total{engine="0",model_name="fake-model"} 300.0\n')
 
-        return Litestar([chat, models, metrics])
+        return Litestar([chat, completions, embeddings, model, moderations, models, metrics])
 
     async def _chunks(self, identity: dict[str, Any], content: str, usage: dict[str, Any]) -> Any:
         def event(choices: list[dict[str, Any]], **extra: Any) -> bytes:

@@ -9,14 +9,17 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-from litestar import Controller, get
+from litestar import Controller, Request, get
+from litestar.openapi.plugins import SwaggerRenderPlugin
 
 from app import __version__
-from app.lifespan import Resources
 from app.cache.invalidation import Invalidation
-from app.wire import ChatCompletionRequest, ErrorResponse
+from app.lifespan import Resources
+from app.wire import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, ErrorResponse
 
 _REF = "#/components/schemas/{name}"
+# The page loads Swagger UI's script and style from its CDN in the reader's browser.
+_DOCS_PAGE = SwaggerRenderPlugin(path="/docs")
 
 
 def _error(description: str) -> dict[str, Any]:
@@ -25,8 +28,10 @@ def _error(description: str) -> dict[str, Any]:
 
 
 def build_openapi(category_names: list[str]) -> dict[str, Any]:
-    (request_schema, _, invalidation_schema), components = msgspec.json.schema_components(
-        [ChatCompletionRequest, ErrorResponse, Invalidation], ref_template=_REF
+    (request_schema, _, invalidation_schema, completion_schema, embedding_schema), components = (
+        msgspec.json.schema_components(
+            [ChatCompletionRequest, ErrorResponse, Invalidation, CompletionRequest, EmbeddingRequest], ref_template=_REF
+        )
     )
     json_object = {"type": "object", "additionalProperties": True}
     bearer = [{"bearer": []}]
@@ -64,6 +69,35 @@ def build_openapi(category_names: list[str]) -> dict[str, Any]:
                     },
                 }
             },
+            "/v1/completions": {"post": {
+                "operationId": "createCompletion", "security": bearer,
+                "description": "Legacy text completion. One text prompt (no echo, logprobs, suffix, n or best_of "
+                               "above 1, no stream) goes through the cache layers like a chat question; anything "
+                               "else is passed through.",
+                "parameters": [{"name": "X-Cache-Category", "in": "header", "required": False,
+                                "schema": {"type": "string", "enum": category_names}}],
+                "requestBody": {"required": True, "content": {"application/json": {"schema": completion_schema}}},
+                "responses": {
+                    "200": {"description": "A text completion (or its SSE stream)",
+                            "content": {"application/json": {"schema": json_object},
+                                        "text/event-stream": {"schema": {"type": "string"}}}},
+                    "400": _error("Invalid request"), "401": _error("Missing or unknown API key"),
+                    "429": _error("Tenant over its rate limit"), "502": _error("The model server failed")}}},
+            "/v1/embeddings": {"post": {
+                "operationId": "createEmbedding", "security": bearer,
+                "description": "Embeddings, exact-cached per tenant, model, input and options (X-Cache: exact-hit or miss).",
+                "requestBody": {"required": True, "content": {"application/json": {"schema": embedding_schema}}},
+                "responses": {
+                    "200": {"description": "The embeddings", "content": {"application/json": {"schema": json_object}}},
+                    "400": _error("Invalid request"), "401": _error("Missing or unknown API key"),
+                    "429": _error("Tenant over its rate limit"), "502": _error("The model server failed")}}},
+            "/v1/{path}": {method: {
+                "operationId": f"passThrough{method.capitalize()}", "security": bearer,
+                "description": "Any other path under /v1/: passed to the model server untouched, never cached.",
+                "parameters": [{"name": "path", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "responses": {"default": {"description": "The model server's answer, as it came"},
+                              "401": _error("Missing or unknown API key"), "502": _error("The model server failed")}}
+                for method in ("get", "post", "put", "patch", "delete")},
             "/v1/models": {"get": {"operationId": "listModels", "security": bearer, "responses": {
                 "200": {"description": "The upstream's models", "content": {"application/json": {"schema": json_object}}},
                 "401": _error("Missing or unknown API key"), "502": _error("The model server failed")}}},
@@ -100,3 +134,8 @@ class OpenAPIController(Controller):
     async def openapi(self, resources: Resources) -> dict[str, Any]:
         """The OpenAPI 3.1 document of this service."""
         return build_openapi(sorted(resources.policy.categories))
+
+    @get("/docs", include_in_schema=False, media_type="text/html")
+    async def docs(self, request: Request, resources: Resources) -> bytes:
+        """Litestar's interactive API page (Swagger UI) over the same document."""
+        return _DOCS_PAGE.render(request, build_openapi(sorted(resources.policy.categories)))

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
 from app.cache.keys import text_of
 from app.cache.layered import CacheMode
 from app.errors import InvalidRequest
-from app.wire import ChatCompletionRequest, json_decoder
+from app.wire import LEGACY_COMPLETION_FIELD, ChatCompletionRequest, CompletionRequest, json_decoder
+
+T = TypeVar("T")
+_CHAT_FIELDS = frozenset(ChatCompletionRequest.__struct_fields__)
 
 _PATH = re.compile(r"at `\$\.?(?P<path>[^`]*)`")
 _MISSING = re.compile(r"missing required field `(?P<field>[^`]+)`")
@@ -45,12 +48,10 @@ def parse_chat_request(
     Raises:
         InvalidRequest: The body is not JSON, not an object, or a field is missing or wrong.
     """
-    try:
-        raw = json_decoder.decode(body)
-    except msgspec.DecodeError as exc:
-        raise InvalidRequest(f"the request body is not valid JSON: {exc}", code="invalid_json") from exc
-    if not isinstance(raw, dict):
-        raise InvalidRequest("the request body must be a JSON object", code="invalid_json")
+    raw = _decode_object(body)
+    if LEGACY_COMPLETION_FIELD in raw:
+        raise InvalidRequest(f"`{LEGACY_COMPLETION_FIELD}` is Strata's own field", param=LEGACY_COMPLETION_FIELD,
+                             code="invalid_value")
     try:
         request = msgspec.convert(raw, ChatCompletionRequest)
     except msgspec.ValidationError as exc:
@@ -75,6 +76,44 @@ def parse_chat_request(
         if content is None and (message.role in _CONTENT_REQUIRED or not message.tool_calls):
             raise InvalidRequest(f"`{field}` is required for role `{message.role}`", param=field, code="empty_content")
     return request, raw
+
+
+def _decode_object(body: bytes) -> dict[str, Any]:
+    try:
+        raw = json_decoder.decode(body)
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"the request body is not valid JSON: {exc}", code="invalid_json") from exc
+    if not isinstance(raw, dict):
+        raise InvalidRequest("the request body must be a JSON object", code="invalid_json")
+    return raw
+
+
+def parse_view(body: bytes, view: type[T]) -> tuple[T, dict[str, Any]]:
+    """Decode a request body and validate it against ``view`` (``CompletionRequest``,
+    ``EmbeddingRequest``); returns the view and the decoded body with every field.
+
+    Raises:
+        InvalidRequest: Not a JSON object, or a field is missing or wrong.
+    """
+    raw = _decode_object(body)
+    try:
+        return msgspec.convert(raw, view), raw
+    except msgspec.ValidationError as exc:
+        raise InvalidRequest(f"invalid request: {exc}", param=_param(exc), code="invalid_value") from exc
+
+
+def completion_as_chat(request: CompletionRequest, raw: dict[str, Any]) -> tuple[ChatCompletionRequest, dict[str, Any]]:
+    """A cacheable legacy completion as the one-message chat call the pipeline serves: the prompt
+    is the user message (and the semantic layer's question), the other fields pass through."""
+    assert isinstance(request.prompt, str)
+    messages = [{"role": "user", "content": request.prompt}]
+    chat_raw = {k: v for k, v in raw.items() if k != "prompt"}
+    chat_raw.update(messages=messages, **{LEGACY_COMPLETION_FIELD: True})
+    try:
+        chat = msgspec.convert({k: v for k, v in chat_raw.items() if k in _CHAT_FIELDS}, ChatCompletionRequest)
+    except msgspec.ValidationError as exc:
+        raise InvalidRequest(f"invalid request: {exc}", param=_param(exc), code="invalid_value") from exc
+    return chat, chat_raw
 
 
 def system_prompt(request: ChatCompletionRequest) -> str:

@@ -10,6 +10,7 @@ Redis key layout (every name readable with ``redis-cli``)::
     strata:vN:exact:<sha256>       HASH    L1 entry (fields below), TTL from the category
     strata:vN:sem:<sha256>         HASH    L2 entry, indexed by the RediSearch index strata:vN:sem
     strata:vN:lease:<sha256>       STRING  single-flight lease while one worker asks the model
+    strata:vN:emb:<sha256>         HASH    a /v1/embeddings response (answer, model, tenant, created_at, hits)
     strata:vN:obs:<category>       HASH    pooled observations of an adaptive category (ok:<bin>, wrong:<bin>)
     strata:meta:tokens:<category>:<model sha256[:16]>
                                    HASH    L4: completion lengths of complete answers (b:<bucket of 8>, n,
@@ -112,6 +113,10 @@ def exact_prefix(tag: str) -> str:
 
 def semantic_prefix(tag: str) -> str:
     return f"{NAMESPACE}:{tag}:sem:"
+
+
+def embeddings_key(tag: str, digest: str) -> str:
+    return f"{NAMESPACE}:{tag}:emb:{digest}"
 
 
 def lease_key(tag: str, digest: str) -> str:

@@ -1,0 +1,101 @@
+"""The rest of the OpenAI surface: ``/v1/completions`` (legacy, through the same cache layers as
+chat), ``/v1/embeddings`` (exact-cached) and every other ``/v1/`` path, passed through untouched."""
+
+from __future__ import annotations
+
+import logging
+
+from litestar import Controller, Request, Response, post, route
+from litestar.response import Stream
+
+from app.api.chat import CATEGORY_HEADER
+from app.api.protocol import cache_mode, completion_as_chat, parse_view
+from app.cache.base import CACHE_ERRORS
+from app.cache.embeddings import embeddings_digest
+from app.chat import ChatCall
+from app.errors import InvalidRequest, StrataError
+from app.lifespan import Resources
+from app.wire import CompletionRequest, EmbeddingRequest, chat_as_legacy, completion_decoder, json_encoder
+
+logger = logging.getLogger("strata.api")
+
+
+def _category(request: Request, resources: Resources):  # type: ignore[no-untyped-def]
+    name = request.headers.get(CATEGORY_HEADER)
+    category = resources.policy.get(name)
+    if category is None:
+        known = ", ".join(sorted(resources.policy.categories))
+        raise InvalidRequest(f"unknown cache category {name!r}; known: {known}", param="X-Cache-Category",
+                             code="unknown_category")
+    return category
+
+
+async def passthrough(request: Request, resources: Resources, path: str, body: bytes) -> Response[bytes] | Stream:
+    """Send a request to the upstream as it came, and its answer back as it comes (no cache)."""
+    status, headers, chunks = await resources.upstream.forward(
+        request.method, path, request.url.query or "", dict(request.headers), body)
+    resources.metrics.passthrough_requests.labels(f"{status // 100}xx").inc()
+    headers = {**headers, "X-Cache": "bypass"}
+    media_type = headers.pop("content-type", "application/json")
+    return Stream(chunks, status_code=status, media_type=media_type, headers=headers)
+
+
+class OpenAISurfaceController(Controller):
+    path = "/v1"
+
+    @post("/completions", status_code=200)
+    async def completions(self, request: Request, resources: Resources) -> Response[bytes] | Stream:
+        """Create a text completion (legacy, OpenAI-compatible). One text prompt without echo,
+        logprobs, suffix or several choices goes through the cache layers like a chat question
+        (exact and semantic on the prompt); anything else, streaming included, is passed through."""
+        tenant = resources.tenants.tenant(request.headers.get("authorization"))
+        resources.rate_limiter.admit(tenant)
+        body = await request.body()
+        legacy, raw = parse_view(body, CompletionRequest)
+        if not legacy.cacheable:
+            return await passthrough(request, resources, "completions", body)
+        chat, chat_raw = completion_as_chat(legacy, raw)
+        call = ChatCall(request=chat, raw=chat_raw, tenant=tenant, category=_category(request, resources),
+                        mode=cache_mode(request.headers.get("cache-control")))
+        result = await resources.pipeline.handle(call)
+        assert result.body is not None  # not streamed
+        answer = json_encoder.encode(chat_as_legacy(completion_decoder.decode(result.body)))
+        return Response(content=answer, media_type="application/json", headers=result.headers)
+
+    @post("/embeddings", status_code=200)
+    async def embeddings(self, request: Request, resources: Resources) -> Response[bytes]:
+        """Create embeddings (OpenAI-compatible), exact-cached: the same input by the same model
+        with the same options gets the stored vectors."""
+        tenant = resources.tenants.tenant(request.headers.get("authorization"))
+        resources.rate_limiter.admit(tenant)
+        embedding, raw = parse_view(await request.body(), EmbeddingRequest)
+        counter = resources.metrics.embedding_requests
+        cache, key = resources.embeddings, None
+        if cache is not None and request.headers.get("cache-control", "").lower() != "no-store":
+            try:
+                key, stored = await cache.lookup(embeddings_digest(tenant, raw))
+            except CACHE_ERRORS as exc:
+                resources.metrics.cache_failed("embeddings", "lookup", exc)
+                key = stored = None
+            if stored is not None:
+                counter.labels("exact-hit").inc()
+                return Response(content=stored, media_type="application/json", headers={"X-Cache": "exact-hit"})
+        try:
+            answer = await resources.upstream.embeddings(raw)
+        except StrataError:
+            counter.labels("error").inc()
+            raise
+        if cache is not None and key is not None:
+            try:
+                await cache.store(key, tenant, embedding.model, answer)
+            except CACHE_ERRORS as exc:
+                resources.metrics.cache_failed("embeddings", "store", exc)
+        outcome = "miss" if key is not None else "bypass"
+        counter.labels(outcome).inc()
+        return Response(content=answer, media_type="application/json", headers={"X-Cache": outcome})
+
+    @route("/{path:path}", http_method=["GET", "POST", "PUT", "PATCH", "DELETE"], status_code=200)
+    async def other(self, request: Request, resources: Resources, path: str) -> Response[bytes] | Stream:
+        """Any other path under ``/v1/``: passed through to the upstream untouched, never cached."""
+        resources.tenants.tenant(request.headers.get("authorization"))
+        return await passthrough(request, resources, path.lstrip("/"), await request.body())
