@@ -10,13 +10,14 @@ import asyncio
 import importlib
 import logging
 import random
+import urllib.parse
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import openai
 
-from app.errors import StrataError, UpstreamRejected, UpstreamTimeout, UpstreamUnavailable
+from app.errors import InvalidRequest, StrataError, UpstreamRejected, UpstreamTimeout, UpstreamUnavailable
 from app.limits import ConcurrencyLimit
 from app.settings import UpstreamSettings
 from app.upstream_metrics import PrefixCache, read_prefix_cache
@@ -32,6 +33,23 @@ _http = importlib.import_module(openai.DefaultAsyncHttpxClient.__mro__[1].__modu
 # Headers a pass-through request and its answer keep (the rest is hop-by-hop or Strata's own).
 _FORWARDED_HEADERS = frozenset({"content-type", "accept", "openai-beta", "openai-organization", "openai-project"})
 _RETURNED_HEADERS = frozenset({"content-type", "cache-control", "x-request-id", "openai-processing-ms"})
+
+
+def _as_openai_error(status: int, content: bytes) -> bytes:
+    """An upstream error body as ``{"error": {...}}``: kept when it already is one."""
+    try:
+        decoded = completion_decoder.decode(content)
+    except ValueError:
+        decoded = None
+    if isinstance(decoded, dict) and isinstance(decoded.get("error"), dict) and "message" in decoded["error"]:
+        error = decoded["error"]
+        return json_encoder.encode({"error": {"message": str(error["message"]), "type": error.get("type") or "upstream_error",
+                                              "param": error.get("param"), "code": error.get("code")}})
+    detail = decoded.get("detail") if isinstance(decoded, dict) else None
+    message = str(detail) if detail else content.decode("utf-8", errors="replace")[:500] or "request failed"
+    kind = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 429: "rate_limit_error"}.get(
+        status, "invalid_request_error" if status < 500 else "server_error")
+    return json_encoder.encode({"error": {"message": message, "type": kind, "param": None, "code": "upstream_error"}})
 
 
 def _translate(exc: openai.OpenAIError) -> StrataError:
@@ -208,8 +226,13 @@ class Upstream:
         """
         sent = {k: v for k, v in headers.items() if k.lower() in _FORWARDED_HEADERS}
         sent["authorization"] = f"Bearer {self._api_key}"
-        request = self._server.build_request(method, "/v1/" + path, params=query or None, headers=sent, content=body,
-                                             timeout=self._timeout)
+        try:
+            # The path arrives decoded: encode it again, so that no character can change the request.
+            url = "/v1/" + urllib.parse.quote(path, safe="/-._~!$&'()*+,;=:@")
+            request = self._server.build_request(method, url, params=query or None, headers=sent, content=body,
+                                                 timeout=self._timeout)
+        except (httpx.InvalidURL, UnicodeError) as exc:
+            raise InvalidRequest(f"a path the model server cannot be asked: {exc}", code="invalid_path") from exc
         try:
             response = await self._server.send(request, stream=True)
         except httpx.TimeoutException as exc:
@@ -217,6 +240,17 @@ class Upstream:
         except httpx.HTTPError as exc:
             raise UpstreamUnavailable(f"the model server is unreachable: {exc}") from exc
         kept = {k: v for k, v in response.headers.items() if k.lower() in _RETURNED_HEADERS}
+        if response.status_code >= 400:
+            # Errors in OpenAI's shape, whatever the server wrote ({"detail": ...} from vLLM's router).
+            content = await response.aread()
+            await response.aclose()
+            kept["content-type"] = "application/json"
+            body_out = _as_openai_error(response.status_code, content)
+
+            async def error() -> AsyncIterator[bytes]:
+                yield body_out
+
+            return response.status_code, kept, error()
 
         async def chunks() -> AsyncIterator[bytes]:
             try:

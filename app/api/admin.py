@@ -64,7 +64,7 @@ class AdminController(Controller):
             assert done.version is not None
             resources.spawn(sweep_after(resources, done.version), f"sweep-{done.version}")
             previous = done.target.split(" ")[1]
-            return {"previous_version": previous, "version": done.version, "kind": done.kind}
+            return {"previous_version": previous, "version": done.version}
         if done.kind == "scope":
             resources.spawn(sweep_generations_after(resources), f"sweep-{done.target}")
         return msgspec.to_builtins(done)

@@ -45,8 +45,10 @@ def test_bad_requests_get_openai_shaped_400(
 
 
 def test_unknown_route_and_wrong_method_are_openai_shaped(client: httpx.Client) -> None:
-    missing = client.get("/v1/nothing")
+    missing = client.get("/nothing")
     assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
+    # Under /v1/ an unknown path is the model server's to answer: passed through, status kept.
+    assert client.get("/v1/nothing").status_code == 404
     wrong = client.get("/v1/chat/completions")
     assert wrong.status_code == 405 and "error" in wrong.json()
 
