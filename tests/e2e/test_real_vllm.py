@@ -80,3 +80,23 @@ def test_a_stable_system_prompt_is_served_from_vllms_prefix_cache(strata_e2e: st
     after = httpx.get(strata_e2e + "/health").json()["upstream"]["prefix_cache"]
     assert after["metrics"] == ["vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"]
     assert after["hit_tokens"] - before["hit_tokens"] >= 32 * 5  # the second request reused the prompt's blocks
+
+
+def test_legacy_completions_embeddings_and_pass_through_with_the_real_model(
+        strata_e2e: str, vllm: tuple[str, str]) -> None:
+    _, model = vllm
+    sdk = openai.OpenAI(base_url=strata_e2e + "/v1", api_key="unused", max_retries=0)
+    prompts = []
+    for _ in range(2):
+        response = sdk.completions.with_raw_response.create(model=model, prompt="The capital of France is",
+                                                            temperature=0, max_tokens=8)
+        prompts.append((response.headers["x-cache"], response.parse().choices[0].text))
+    assert [c for c, _ in prompts] == ["miss", "exact-hit"] and prompts[0][1] and prompts[0][1] == prompts[1][1]
+    # vLLM serving a generation model has neither GET /v1/models/{id} nor embeddings: its 404s come
+    # back with their status, in OpenAI's shape ({"detail": "Not Found"} rewritten), never as a 5xx.
+    with pytest.raises(openai.NotFoundError) as retrieved:
+        sdk.models.retrieve(model)
+    assert isinstance(retrieved.value.body, dict) and retrieved.value.body.get("message") == "Not Found"
+    with pytest.raises(openai.NotFoundError) as embedded:
+        sdk.embeddings.create(model=model, input="hello")
+    assert isinstance(embedded.value.body, dict) and embedded.value.body.get("message")
