@@ -25,16 +25,15 @@ from redis.asyncio import Redis
 from app.cache.entry import CacheEntry
 from app.cache.keys import (
     FIELD_ALIASES,
-    OBS_OK,
+    OBS_CONFIRMED,
     SOURCE_FAQ,
     faq_key,
     faq_scope_digest,
     faq_set_key,
     normalize_text,
     observation_field,
-    observations_key,
 )
-from app.cache.learning import POOLED_TTL_S, score_bin
+from app.cache.learning import score_bin
 from app.calibrate.pairs import read_utf8
 from app.embed import Embedder
 from app.policy import Policy
@@ -149,10 +148,11 @@ async def load_faq(redis: Redis, embedder: Embedder, tag: str, items: list[FaqIt
                 position += 1
                 documents.append((faq_key(tag, _digest(name, item.tenant, item.category, question, text)),
                                   CacheEntry(question=text, embedding=_bytes(vector), **common)))
-                # The operator says the variant has the entry's answer: a positive observation.
-                field = observation_field(OBS_OK, score_bin(float(vector @ question_vector)))
-                pipe.hincrby(observations_key(tag, item.category), field, 1)
-                pipe.expire(observations_key(tag, item.category), POOLED_TTL_S)
+                # The operator says the variant has the entry's answer: a positive observation on
+                # the entry's own record. Not in the category's pool: the pool must be a fair
+                # sample of what the nearest candidate is worth in traffic, and curated variants
+                # are all positives (pooled, they let the category serve anything at their scores).
+                pipe.hincrby(key, observation_field(OBS_CONFIRMED, score_bin(float(vector @ question_vector))), 1)
             for doc_key, entry in documents:
                 pipe.hset(doc_key, mapping=entry.to_hash())
                 pipe.expire(doc_key, entry.ttl_seconds)
