@@ -20,6 +20,9 @@ MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # Latency buckets from sub-millisecond cache hits to long generations.
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)
 
+_OVERHEAD_BUCKETS = (0.0005, 0.001, 0.0015, 0.002, 0.0025, 0.003, 0.004, 0.005, 0.006, 0.008, 0.01, 0.015, 0.02,
+                     0.03, 0.05, 0.1, 0.25)
+
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 logger = logging.getLogger("strata.metrics")
@@ -62,6 +65,11 @@ class Metrics:
         self.latency = Histogram(
             "strata_request_duration_seconds", "Request latency by outcome", ["outcome"],
             buckets=_LATENCY_BUCKETS, registry=r,
+        )
+        self.miss_overhead = Histogram(
+            "strata_miss_overhead_seconds",
+            "Time a non-streamed miss spends in Strata outside the upstream call (parsing, lookups, single flight, "
+            "write-back)", buckets=_OVERHEAD_BUCKETS, registry=r,
         )
         self.upstream_requests = Counter("strata_upstream_requests", "Calls to the model server", ["result"], registry=r)
         self.upstream_tokens = Counter("strata_upstream_tokens", "Tokens reported by the model server", ["kind"], registry=r)

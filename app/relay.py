@@ -3,6 +3,7 @@ write-back of complete answers, and handing the answer to single-flight follower
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -87,14 +88,18 @@ class Relay:
         self._metrics.finish(Outcome.ERROR, exchange.started, exchange.category)
 
     async def _complete(self, exchange: Exchange) -> ChatResult:
+        called = time.perf_counter()
         try:
             raw, completion = await self._upstream.complete(exchange.body)
         except StrataError:
             self._failed(exchange)
             raise
+        upstream_s = time.perf_counter() - called
         await self._answered(exchange, raw, completion)
         await exchange.finish(raw)
         self._metrics.finish(exchange.outcome, exchange.started, exchange.category)
+        if exchange.outcome == Outcome.MISS:
+            self._metrics.miss_overhead.observe(time.perf_counter() - exchange.started - upstream_s)
         return ChatResult(outcome=exchange.outcome, headers=_headers(exchange), body=raw)
 
     async def _open_stream(self, exchange: Exchange) -> ChatResult:

@@ -180,6 +180,33 @@ def wrk(url: str, bodies: list[str], concurrency: int, duration: int, name: str,
     )
 
 
+def unique_questions(pairs: list[tuple[str, str]], count: int) -> list[str]:
+    """Questions nobody asked before (seeded random words of the pairs' vocabulary), so every
+    request is a miss: what Strata adds to a miss is measured, not the cache."""
+    import random
+
+    words = sorted({w.strip(".,?!\"'").lower() for pair in pairs for w in " ".join(pair).split() if w.isalpha()})
+    rng = random.Random(0)
+    return [body(" ".join(rng.choice(words) for _ in range(7)) + "?") for _ in range(count)]
+
+
+def histogram_quantiles(text: str, name: str, quantiles: tuple[float, ...]) -> tuple[list[float], int]:
+    """Quantiles (seconds, linear within a bucket) of a Prometheus histogram from /metrics text."""
+    buckets = sorted((float("inf") if le == "+Inf" else float(le), float(v))
+                     for le, v in re.findall(rf'^{name}_bucket{{le="([^"]+)"}} ([\d.e+]+)$', text, re.M))
+    total = buckets[-1][1] if buckets else 0.0
+    values = []
+    for q in quantiles:
+        rank, lower, below = q * total, 0.0, 0.0
+        for bound, count in buckets:
+            if count >= rank:
+                share = (rank - below) / (count - below) if count > below else 0.0
+                values.append(lower + share * ((bound if bound != float("inf") else lower) - lower))
+                break
+            lower, below = bound, count
+    return values, int(total)
+
+
 def peak_rss_mb(process: subprocess.Popen[bytes]) -> float:
     """Peak resident memory (VmHWM) of the service and its worker processes."""
     pids = [process.pid]
@@ -230,8 +257,8 @@ def verdict(run: Run, kind: str) -> str:
     return f"{value:,.0f} req/s vs target >= {goal:,.0f}: " + ("met" if value >= goal else f"MISSED by {goal - value:,.0f} req/s ({value / goal:.0%} of target)")
 
 
-def report(runs: list[tuple[str, Run]], rss: float, source: str, sizes: tuple[int, int, int], duration: int, command: str,
-           verify: tuple[float, float, int]) -> str:
+def report(runs: list[tuple[str, Run]], rss: float, source: str, sizes: tuple[int, int, int], duration: int,
+           overhead: tuple[float, float, float, int, Run], command: str, verify: tuple[float, float, int]) -> str:
     lines = [
         "# Benchmarks",
         "",
@@ -257,6 +284,14 @@ def report(runs: list[tuple[str, Run]], rss: float, source: str, sizes: tuple[in
             f"{run.rps:,.0f} | {run.requests:,} | {outcomes} | {verdict(run, kind)} |"
         )
     lines += [
+        "",
+        f"Strata's own time on a miss (issue #11, target under 3 ms p50): {overhead[3]:,} misses at concurrency 1, "
+        f"each a question never asked before, in category `verified` (exact and semantic lookup, the embedding, "
+        f"write-back to both layers), against the stub upstream; `strata_miss_overhead_seconds` (the request's "
+        f"time minus the upstream call's, measured inside Strata): p50 {overhead[0]:.2f} ms, p90 {overhead[1]:.2f} ms, "
+        f"p99 {overhead[2]:.2f} ms ({'met' if overhead[0] < 3 else 'MISSED'}); end to end with the stub's own time "
+        f"p50 {overhead[4].p50_ms:.2f} ms, {overhead[4].rps:,.0f} req/s, outcomes "
+        + ", ".join(f"{k}={v}" for k, v in sorted(overhead[4].outcomes.items())) + ".",
         "",
         f"Peak RSS of the Strata process over all runs: {rss:.0f} MB.",
         "",
@@ -294,10 +329,19 @@ def main() -> int:
                 run = wrk(url, bodies, concurrency, args.duration, name, category)
                 print(f"{run.name} c={concurrency}: p50 {run.p50_ms:.2f} ms p99 {run.p99_ms:.2f} ms {run.rps:,.0f} req/s {run.outcomes}")
                 runs.append((kind, run))
+        # What Strata adds to a miss: every request a new question (stub upstream, category verified:
+        # exact and semantic lookups, embedding, write-back to both layers), timed inside Strata.
+        before = httpx.get(url + "/metrics").text
+        miss_run = wrk(url, unique_questions(pairs, 40_000), 1, args.duration, "miss", CATEGORIES["semantic"])
+        after = httpx.get(url + "/metrics").text
+        (p50, p90, p99), misses = histogram_quantiles(after, "strata_miss_overhead_seconds", (0.5, 0.9, 0.99))
+        _, misses_before = histogram_quantiles(before, "strata_miss_overhead_seconds", (0.5,))
+        overhead = (p50 * 1000, p90 * 1000, p99 * 1000, misses - misses_before, miss_run)
+        print(f"miss c=1: p50 {miss_run.p50_ms:.2f} ms end to end, Strata's own p50 {p50 * 1000:.2f} ms {miss_run.outcomes}")
         rss = peak_rss_mb(strata)
     verify = verifier_cost(pairs)
     command = "make bench" + (f" BENCH_ARGS='{' '.join(sys.argv[1:])}'" if sys.argv[1:] else "")
-    text = report(runs, rss, source, (len(exact_bodies), len(semantic_bodies), len(adaptive_bodies)), args.duration,
+    text = report(runs, rss, source, (len(exact_bodies), len(semantic_bodies), len(adaptive_bodies)), args.duration, overhead,
                   command, verify)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     existing = Path(args.out).read_text(encoding="utf-8") if Path(args.out).exists() else ""

@@ -66,8 +66,10 @@ FIELD_ALIASES = "aliases"
 FIELD_WRONG_ABOVE = "wrong_above"
 OBS_OK = "ok"
 OBS_WRONG = "wrong"
-# On an entry: equivalent observations of any of its documents per score bin (its own record).
+# On an entry: equivalent observations of any of its documents per score bin (its own record),
+# and the operator's curated variants per similarity bin (kept apart: they vouch for nothing).
 OBS_CONFIRMED = "confirmed"
+OBS_CURATED = "curated"
 OBS_EXPLORED_OK = "explored_ok"
 OBS_EXPLORED_WRONG = "explored_wrong"
 

@@ -55,10 +55,12 @@ def test_curated_answers_serve_their_questions_and_variants_in_any_model(
     assert not fake_upstream.judge_calls
     members = {m.decode() for m in redis_sync.smembers("strata:v1:faqset:shop")}
     assert len(members) == 4 and all(m.startswith("strata:v1:sem:faq-") for m in members)
-    # Variants are positive observations on their entry's own record, not in the category's pool.
+    # Variants are positive observations kept on their entry (curated:<bin>), neither in the
+    # category's pool nor among the confirmations that let an entry vouch.
     entries = [m for m in members if redis_sync.hget(m, "question") in ("怎么申请退款".encode(),)]
-    assert entries and sum(int(v) for k, v in redis_sync.hgetall(entries[0]).items() if k.startswith(b"confirmed:")) == 2
-    assert not redis_sync.exists("strata:v1:obs:general")
+    fields = redis_sync.hgetall(entries[0])
+    assert sum(int(v) for k, v in fields.items() if k.startswith(b"curated:")) == 2
+    assert not any(k.startswith(b"confirmed:") for k in fields) and not redis_sync.exists("strata:v1:obs:general")
 
     # Reloading replaces the file's entries: the old answer and its keys are gone at once.
     path.write_text(FAQ_FILE.replace("三个工作日", "五个工作日").replace("[退款怎么申请, 如何申请退款]", "[退款怎么申请]"),
