@@ -52,7 +52,9 @@ class SemanticSettings(msgspec.Struct, frozen=True, kw_only=True):
     embedder: str = field(default="use-multilingual", name="embedder")
     embedder_model: str = field(default="", name="embedder_model")
     # Micro-batching of concurrent embedding requests.
-    embed_batch_window_ms: float = field(default=2.0, name="embed_batch_window_ms")
+    # 0: texts that arrive while the model runs still go together in the next batch, and a lone
+    # lookup does not wait (measured in docs/BENCHMARKS.md: no throughput lost at concurrency 16).
+    embed_batch_window_ms: float = field(default=0.0, name="embed_batch_window_ms")
     embed_max_batch: int = field(default=64, name="embed_max_batch")
     verification_lexicon: str = field(default="schemas/verification.yaml", name="verification_lexicon")
     # The learned verifier of borderline semantic candidates; empty: none (the band never serves).
