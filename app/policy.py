@@ -44,6 +44,10 @@ class SemanticPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     entry_confirmations: Annotated[int, Meta(ge=0, le=1_000)] = 0
     entry_floor: Annotated[float, Meta(ge=0.0, le=1.5)] = 0.75
     entry_margin: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.06
+    # Share of the entry record's would-be hits sent upstream anyway (instead of `explore`): they
+    # are the riskier ones, and a wrong one found this way vetoes the entry there, so a question
+    # served wrongly is not served wrongly on all its repeats. Costs reach (docs/QUALITY.md).
+    entry_explore: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.0
 
     def __post_init__(self) -> None:
         if self.accept_above < self.threshold:

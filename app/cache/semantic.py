@@ -228,7 +228,8 @@ class SemanticCache:
             answer = row[FIELD_ANSWER]
             candidate = Candidate(key=key, root=root, question=row[FIELD_QUESTION], similarity=similarity, score_bin=bin_,
                                   answer=answer.encode() if isinstance(answer, str) else answer)
-            if verdict.accepted and policy.explore and self._explore.random() < policy.explore:
+            rate = policy.entry_explore if entry else policy.explore
+            if verdict.accepted and rate and self._explore.random() < rate:
                 return msgspec.structs.replace(candidate, explored=True)
             if verdict.accepted:
                 return await self._hit(key, row, similarity, verdict.reason)

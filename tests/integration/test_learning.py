@@ -233,3 +233,17 @@ def test_replay_simulate_with_curated_answers_counts_their_hits_by_label(use_enc
     assert right.layer == "semantic-hit" and right.served_label == "pin" and not right.wrong
     assert wrong.layer == "semantic-hit" and wrong.served_label == "faq:what is my balance" and wrong.wrong
     assert report.wrong("semantic-hit") == 1
+
+
+def test_entry_record_hits_can_be_explored_at_their_own_rate(
+        strata: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream) -> None:
+    explored = {"X-Cache-Category": "learn_entry_explored"}
+    fake_upstream.answers.update({q: REFUND for q in ("怎么申请退款", "如何申请退款")})
+    ask(strata, "怎么申请退款", headers=explored)
+    entry_key, _ = sem_doc(redis_sync, "怎么申请退款")
+    redis_sync.hset(entry_key, "confirmed:050", 3)
+    # The entry vouches, and every such would-be hit is sent upstream and observed (explore 1.0).
+    assert ask(strata, "如何申请退款", headers=explored).headers["x-cache"] == "miss"
+    pool = "strata:v1:obs:learn_entry_explored"
+    counts = eventually(lambda: {k.decode(): int(v) for k, v in redis_sync.hgetall(pool).items()})
+    assert counts.get("explored_ok") == 1
