@@ -18,6 +18,7 @@ import getpass
 import json
 import socket
 import sys
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -248,6 +249,7 @@ async def describe_entry(redis: Any, semantic: Any, key: str) -> dict[str, Any]:
         content = None
     described: dict[str, Any] = {"key": key, "ttl_s": await redis.ttl(key), **text, "answer_text": content,
                                  "observations": learnt}
+
     root = text.get(FIELD_ROOT)
     if semantic is not None and ":sem:" in key and root:
         documents = sorted(await semantic.documents_of(key.split(":")[1], root))
@@ -294,6 +296,10 @@ def cmd_inspect(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     documents = described.pop("documents", [])
     observations = described.pop("observations")
+    for name in ("created_at", "expires_at"):
+        value = str(described.get(name, ""))
+        if value.isdigit():  # readable beside the Unix seconds Strata stores
+            described[name] = f"{value} ({time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(int(value)))})"
     width = max(len(k) for k in described)
     for name, value in described.items():
         print(f"{name.ljust(width)}  {value}")
