@@ -88,6 +88,10 @@ def main() -> int:
                                                  json={"model": "fake-model", "messages": [{"role": "user", "content": question}]})
                     totals.append(time.perf_counter() - started)
                     assert response.headers["x-cache"] == "miss", response.headers
+                # The write-back worked: the last question asked again is an exact hit.
+                again = await client.post("/v1/chat/completions", headers={"X-Cache-Category": args.category},
+                                          json={"model": "fake-model", "messages": [{"role": "user", "content": question}]})
+                assert again.headers["x-cache"] == "exact-hit", again.headers
                 return totals
 
         totals = asyncio.run(go())

@@ -216,9 +216,11 @@ class LayeredCache:
         # The answer took seconds to generate: if the cache was invalidated meanwhile, it was
         # generated for a world that no longer holds, and must not be cached under any version.
         try:
-            current = await self.versions.refresh()
-            generation = (NO_GENERATION if self.generations is None
-                          else await self.generations.refresh(query.category.name, query.canonical.tenant))
+            if self.generations is None:
+                current, generation = await self.versions.refresh(), NO_GENERATION
+            else:  # one round trip for both
+                stored, generation = await self.generations.with_version(query.category.name, query.canonical.tenant)
+                current = self.versions.observe(stored) or await self.versions.refresh()
         except CACHE_ERRORS as exc:
             self._metrics.cache_failed("version", "read", exc)
             return

@@ -74,6 +74,14 @@ class ScopeGenerations:
         values = await self._redis.hmget(SCOPES_KEY, list(scope_fields(category, tenant)))
         return self.observe(category, tenant, generation_of(values))
 
+    async def with_version(self, category: str, tenant: str) -> tuple[bytes | None, str]:
+        """The version number as stored and a scope's generation, read in one round trip."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.get(VERSION_KEY)
+            pipe.hmget(SCOPES_KEY, list(scope_fields(category, tenant)))
+            version, values = await pipe.execute()
+        return version, self.observe(category, tenant, generation_of(values))
+
     async def bump(self, category: str | None, tenant: str | None) -> str:
         """Invalidate a category (every tenant), a tenant (every category) or one pair.
 
