@@ -5,7 +5,9 @@ blocks for tokens that are never generated, a short one cuts answers. Strata kee
 (``completion_tokens``) of complete answers per category and model in Redis, shared by every
 worker, and once it has ``STRATA_LEARNED_CAP_MIN_ANSWERS`` of them sends ``min(2 x p95,
 STRATA_MAX_TOKENS_CAP)`` (the seed's rule). Answers the learnt cap cut (``finish_reason``
-``length``) are counted; when they pass 1% of the answers sent with it, the factor widens to 4.
+``length``) are counted; when they pass 1% of the answers sent with it, the factor widens to 4,
+but widening never takes the cap past the default: a model that does not stop by itself would
+otherwise be sent ever longer limits and spend more than without L4 (docs/REPLAY.md, first run).
 With Redis unavailable the default applies.
 """
 
@@ -79,8 +81,10 @@ class TokenCaps:
                 p95 = (bucket + 1) * BUCKET
                 break
         capped, cut = fields.get("capped", 0), fields.get("cut", 0)
-        factor = WIDE_FACTOR if capped and cut / capped > CUT_SHARE else FACTOR
-        return max(FLOOR, min(factor * p95, self._limits.max_tokens_cap))
+        cap = FACTOR * p95
+        if capped and cut / capped > CUT_SHARE:
+            cap = min(WIDE_FACTOR * p95, max(cap, self._limits.default_max_tokens))
+        return max(FLOOR, min(cap, self._limits.max_tokens_cap))
 
     async def observe(self, category: str, model: str, completion: dict[str, object], learnt: bool) -> None:
         """Count one upstream answer: its length if complete; a cut if the learnt cap cut it."""

@@ -24,6 +24,10 @@ def test_it_widens_when_it_cuts_more_than_one_percent_and_stays_in_bounds() -> N
     fields = {"n": 100, "b:5": 100, "capped": 200}
     assert caps().learnt({**fields, "cut": 2}) == 2 * 48  # 1%: not more than 1%
     assert caps().learnt({**fields, "cut": 3}) == 4 * 48
+    # Widening stops at the default (256): answers that do not end are not sent longer limits.
+    long = {"n": 100, "b:14": 100, "capped": 200, "cut": 50}  # p95 120: 2 x p95 = 240, 4 x p95 = 480
+    assert caps().learnt(long) == 256
+    assert caps().learnt({"n": 100, "b:39": 100, "capped": 200, "cut": 50}) == 640  # 2 x p95 above the default: kept
     assert caps().learnt({"n": 100, "b:0": 100}) == 16  # never below the floor
     assert caps().learnt({"n": 100, "b:300": 100}) == 1024  # never above STRATA_MAX_TOKENS_CAP
 
