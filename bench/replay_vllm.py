@@ -9,9 +9,11 @@ Arms (open loop: request i leaves at i / rate seconds, whatever the answers befo
 - direct, short prompt: the first requests again with a one-line system prompt (the TTFT a
   miss would have without prefix caching to do);
 - direct, timestamp: the same with the current time at the head of the system prompt, as the
-  seed warns against: every request is a full prefill.
+  seed warns against: every request is a full prefill;
+- strata, day 2 (``--second-day``): the next draw from the same customers (seed + 1), same
+  schedule, through Strata with the cache the strata arm left: a deployment past its first hour.
 Each arm gets a fresh run marker in its system prompt, so Strata starts from an empty cache and
-vLLM's prefix cache from nothing shared with another arm.
+vLLM's prefix cache from nothing shared with another arm (day 2 shares the strata arm's).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from app.replay.streams import clinc_stream
 from app.upstream_metrics import read_prefix_cache
 
 ROOT = Path(__file__).resolve().parent.parent
+DAY2 = "strata, day 2"
 SHARED = ROOT.parent / "shared" / "data"
 
 # A long, stable system prompt of the kind real bots carry (about 1,500 tokens with the template).
@@ -75,6 +78,7 @@ class Arm:
     prefix_queries: float = 0.0
     prefix_hits: float = 0.0
     seconds: float = 0.0
+    marker: str = ""
 
 
 async def one(client: httpx.AsyncClient, url: str, body: dict, headers: dict[str, str]) -> Result:
@@ -102,9 +106,10 @@ async def one(client: httpx.AsyncClient, url: str, body: dict, headers: dict[str
 
 async def run_arm(name: str, url: str, vllm: str, model: str, questions: list[str], rate: float, *,
                   timestamp: bool = False, short: bool = False, through_strata: bool = False,
-                  max_tokens: int = 256) -> Arm:
+                  max_tokens: int = 256, marker: str | None = None) -> Arm:
     arm = Arm(name)
-    marker = uuid.uuid4().hex[:8]
+    marker = marker or uuid.uuid4().hex[:8]
+    arm.marker = marker
     async with httpx.AsyncClient(timeout=600) as client:
         before = read_prefix_cache((await client.get(vllm + "/metrics")).text)
         start = time.perf_counter()
@@ -149,14 +154,14 @@ def summary(arm: Arm) -> dict:
     }
 
 
-def plot(direct: Arm, strata: Arm, output: Path) -> None:
+def plot(arms: list[Arm], output: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(7, 4.5), dpi=110)
-    for arm in (direct, strata):
+    for arm in arms:
         values = sorted(r.latency for r in arm.results if r.error is None)
         axis.step(values, [(i + 1) / len(values) for i in range(len(values))], where="post", label=arm.name)
     axis.set(xscale="log", xlabel="latency, seconds (log)", ylabel="share of requests", title="Latency CDF, same schedule")
@@ -176,6 +181,7 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=0.5, help="requests per second (open loop)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--phrasings", type=int, default=4, help="utterances per intent (0: a fresh one each time)")
+    parser.add_argument("--second-day", action="store_true", help="also replay the next draw through the warm cache")
     parser.add_argument("--out", default=str(ROOT / "docs" / "REPLAY.md"))
     args = parser.parse_args()
     source = SHARED / "clinc150.csv"
@@ -197,6 +203,13 @@ def main() -> int:
         arm = asyncio.run(run_arm(name, vllm=args.vllm, model=model, questions=questions[:count], rate=args.rate, **kwargs))
         arms[name] = arm
         print(f"{name}: {json.dumps(summary(arm))}", flush=True)
+    if args.second_day:
+        tomorrow = [r.text for r in clinc_stream(source, args.requests, args.seed + 1, domain_intents=40,
+                                                 phrasings=args.phrasings)]
+        arm = asyncio.run(run_arm(DAY2, url=args.strata, through_strata=True, vllm=args.vllm, model=model,
+                                  questions=tomorrow, rate=args.rate, marker=arms["strata"].marker))
+        arms[DAY2] = arm
+        print(f"{DAY2}: {json.dumps(summary(arm))}", flush=True)
     write(arms, args, model)
     return 0
 
@@ -208,7 +221,7 @@ def write(arms: dict[str, Arm], args: argparse.Namespace, model: str) -> None:
                 if line.startswith("model name")), platform.processor())
     command = "make bench-replay" + (f" REPLAY_ARGS='{' '.join(sys.argv[1:])}'" if sys.argv[1:] else "")
     figure = Path(args.out).with_name("replay-latency-cdf.png")
-    plot(arms["direct"], arms["strata"], figure)
+    plot([arms[n] for n in ("direct", "strata", DAY2) if n in arms], figure)
 
     def f(value: float | None, unit: str = "s") -> str:
         return "n/a" if value is None or value != value else f"{value:.2f} {unit}".strip()
@@ -244,6 +257,10 @@ def write(arms: dict[str, Arm], args: argparse.Namespace, model: str) -> None:
         f"- upstream calls {s['upstream'] / d['upstream']:.0%} of direct, completion tokens "
         f"{s['completion_tokens'] / max(1, d['completion_tokens']):.0%}, prompt tokens {s['prompt_tokens'] / max(1, d['prompt_tokens']):.0%} "
         "(target: at most 45% for calls and completion tokens)",
+        *([f"- day 2 (seed {args.seed + 1}, cache from the strata arm kept) against direct (day 1's questions, "
+           f"same schedule): mean {rows[DAY2]['mean'] / d['mean']:.2f}x, p99 {rows[DAY2]['p99'] / d['p99']:.2f}x, "
+           f"upstream calls {rows[DAY2]['upstream'] / d['upstream']:.0%}, completion tokens "
+           f"{rows[DAY2]['completion_tokens'] / max(1, d['completion_tokens']):.0%}"] if DAY2 in rows else []),
         f"- TTFT of model answers with the long stable prompt: p50 {f(d['ttft_p50'])} direct vs "
         f"{f(rows['direct, short prompt']['ttft_p50'])} with a one-line prompt "
         f"({d['ttft_p50'] / rows['direct, short prompt']['ttft_p50']:.2f}x; target within 1.2x); with a timestamp at the head "
