@@ -124,7 +124,7 @@ async def build_resources(settings: Settings, encoder: Encoder | None = None) ->
         semantic = SemanticCache(redis, embedder, settings.resolve(options.index_schema), check,
                                  learning_refresh_s=options.learning_refresh_s)
         layers.append(semantic)
-        learner = AnswerLearner(redis, embedder, verifier.analyzer, judge=judge)
+        learner = AnswerLearner(redis, embedder, verifier.analyzer, judge=judge, documents_of=semantic.documents_of)
     cache = LayeredCache(versions, layers, metrics, lookup_timeout_s=settings.lookup_timeout_s,
                          judge_timeout_s=options.judge_timeout_s, learner=learner,
                          max_learning=options.learning_max_pending, generations=generations)

@@ -120,6 +120,11 @@ class Metrics:
             "dropped) and whether the candidate would have been served (explored)",
             ["category", "result", "explored"], registry=r,
         )
+        self.entry_merges = Counter(
+            "strata_semantic_entry_merges",
+            "Entries merged into another of an equivalent answer (found by an answered miss), by category",
+            ["category"], registry=r,
+        )
 
     def finish(self, outcome: str, started: float, category: str | None = None) -> None:
         """Count one finished request (and its category's) and its latency since ``started``

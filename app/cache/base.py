@@ -83,6 +83,19 @@ class CacheHit(msgspec.Struct, frozen=True, kw_only=True):
     key: str | None = None
 
 
+class Neighbour(msgspec.Struct, frozen=True, kw_only=True):
+    """Another entry near a candidate: if the model's answer turns out to match both, they are
+    one answer in two entries, and are merged (app/cache/learning.py).
+
+    Attributes:
+        root: The entry.
+        answer: Its answer.
+    """
+
+    root: str
+    answer: bytes
+
+
 class Candidate(msgspec.Struct, frozen=True, kw_only=True):
     """The nearest cached question a layer did not serve, worth learning from once the model
     has answered (app/cache/learning.py).
@@ -95,6 +108,7 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
         similarity: Cosine similarity of the two questions.
         score_bin: The decision score's bin (similarity and margin, x100).
         explored: Whether it would have been served and was sent upstream to check the estimate.
+        neighbours: Other entries of the model's answers among the nearest documents (a few).
     """
 
     key: str
@@ -104,6 +118,7 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
     similarity: float
     score_bin: int
     explored: bool = False
+    neighbours: tuple[Neighbour, ...] = ()
 
 
 class Verdict(msgspec.Struct, frozen=True):

@@ -255,15 +255,17 @@ class LayeredCache:
     async def _observe(self, query: CacheQuery, candidate: Candidate, answer: bytes) -> None:
         assert self._learner is not None
         try:
-            same = await self._learner.observe(query, candidate, answer)
+            observed = await self._learner.observe(query, candidate, answer)
         except CACHE_ERRORS as exc:
             self._metrics.cache_failed("learning", "observe", exc)
             return
-        if same is None:
+        if observed is None:
             self._metrics.observations.labels(query.category.name, "judge_failed", str(candidate.explored).lower()).inc()
             return
-        result = "equivalent" if same else "different"
+        result = "equivalent" if observed.same else "different"
         self._metrics.observations.labels(query.category.name, result, str(candidate.explored).lower()).inc()
+        if observed.merged:
+            self._metrics.entry_merges.labels(query.category.name).inc(observed.merged)
 
     async def settle(self) -> None:
         """Wait for the observations in flight (shutdown, replays that must be deterministic)."""

@@ -17,6 +17,11 @@ of equivalent questions and far from any other answer is safer than its similari
 When the fresh answer is equivalent to the candidate's, the new question becomes an alias of
 the candidate's entry: its own vector in the index, the entry's answer and expiry, so the next
 phrasing close to either is found. Aliases are capped per entry (``semantic.max_aliases``).
+The model's answer is also compared with the other entries among the candidate's nearest
+documents: an entry whose answer matches it is the same answer stored twice (two phrasings met
+before either could find the other), and is merged into the candidate's entry (its documents
+become aliases, its record is added). The margin is over other *answers*, so two entries of one
+answer no longer stand in each other's way, and one entry collects all its confirmations.
 """
 
 from __future__ import annotations
@@ -24,8 +29,10 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Awaitable, Callable
 from statistics import NormalDist
 
+import msgspec
 import numpy as np
 from redis.asyncio import Redis
 
@@ -36,12 +43,15 @@ from app.cache.keys import (
     FIELD_ANSWER,
     FIELD_EXPIRES_AT,
     FIELD_ROOT,
+    FIELD_SCOPE,
+    FIELD_SOURCE,
     FIELD_WRONG_ABOVE,
     OBS_CONFIRMED,
     OBS_EXPLORED_OK,
     OBS_EXPLORED_WRONG,
     OBS_OK,
     OBS_WRONG,
+    SOURCE_MODEL,
     normalize_text,
     observation_field,
     observations_key,
@@ -93,6 +103,8 @@ return 1
 _ALIAS = f"""
 if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
 if KEYS[1] == KEYS[2] then return 0 end
+local root = redis.call('HGET', KEYS[2], '{FIELD_ROOT}')
+if root and root ~= KEYS[2] then return 0 end  -- merged into another entry meanwhile
 local count = redis.call('HINCRBY', KEYS[2], '{FIELD_ALIASES}', 1)
 if count > tonumber(ARGV[1]) then
   redis.call('HINCRBY', KEYS[2], '{FIELD_ALIASES}', -1)
@@ -102,6 +114,43 @@ local answer = redis.call('HGET', KEYS[2], '{FIELD_ANSWER}')
 local expires = redis.call('HGET', KEYS[2], '{FIELD_EXPIRES_AT}')
 redis.call('HSET', KEYS[1], '{FIELD_ROOT}', KEYS[2], '{FIELD_ANSWER}', answer, '{FIELD_EXPIRES_AT}', expires)
 redis.call('EXPIREAT', KEYS[1], expires)
+return 1
+"""
+
+
+# Merges one entry into another of an equivalent answer: the merged entry and its documents
+# become aliases of the target; its confirmations and highest wrong similarity are added to the
+# target's record. Only entries of the model's answers in one scope, within the alias cap.
+# KEYS: target entry, merged entry, the merged entry's other documents. ARGV: alias cap,
+# the record's confirmation field prefix.
+_MERGE = f"""
+local target, merged = KEYS[1], KEYS[2]
+if target == merged or redis.call('EXISTS', target) == 0 or redis.call('EXISTS', merged) == 0 then return 0 end
+if redis.call('HGET', target, '{FIELD_ROOT}') ~= target or redis.call('HGET', merged, '{FIELD_ROOT}') ~= merged then return 0 end
+if redis.call('HGET', target, '{FIELD_SCOPE}') ~= redis.call('HGET', merged, '{FIELD_SCOPE}') then return 0 end
+for _, key in ipairs({{target, merged}}) do
+  if (redis.call('HGET', key, '{FIELD_SOURCE}') or '{SOURCE_MODEL}') ~= '{SOURCE_MODEL}' then return 0 end
+end
+local count = tonumber(redis.call('HGET', target, '{FIELD_ALIASES}') or '0')
+  + tonumber(redis.call('HGET', merged, '{FIELD_ALIASES}') or '0') + 1
+if count > tonumber(ARGV[1]) then return -1 end
+local fields = redis.call('HGETALL', merged)
+for i = 1, #fields, 2 do
+  if string.sub(fields[i], 1, #ARGV[2]) == ARGV[2] then
+    redis.call('HINCRBY', target, fields[i], fields[i + 1])
+    redis.call('HDEL', merged, fields[i])
+  end
+end
+local wrong = tonumber(redis.call('HGET', merged, '{FIELD_WRONG_ABOVE}') or '-1')
+if wrong > tonumber(redis.call('HGET', target, '{FIELD_WRONG_ABOVE}') or '-1') then
+  redis.call('HSET', target, '{FIELD_WRONG_ABOVE}', wrong)
+end
+redis.call('HSET', target, '{FIELD_ALIASES}', count)
+redis.call('HDEL', merged, '{FIELD_ALIASES}')
+redis.call('HSET', merged, '{FIELD_ROOT}', target)
+for i = 3, #KEYS do
+  if redis.call('HGET', KEYS[i], '{FIELD_ROOT}') == merged then redis.call('HSET', KEYS[i], '{FIELD_ROOT}', target) end
+end
 return 1
 """
 
@@ -227,6 +276,21 @@ def answer_text(completion: bytes) -> str | None:
     return content if isinstance(content, str) else None
 
 
+class Observed(msgspec.Struct, frozen=True, kw_only=True):
+    """What one answered miss taught.
+
+    Attributes:
+        same: Whether the candidate's answer was right.
+        merged: Entries merged into the one the new question joined.
+    """
+
+    same: bool
+    merged: int = 0
+
+
+DocumentsOf = Callable[[str, str], Awaitable[set[str]]]
+
+
 class AnswerLearner:
     """Turns each answered miss with a candidate into an observation, and maybe an alias.
 
@@ -236,52 +300,80 @@ class AnswerLearner:
         analyzer: Content words and numbers of answers (the verification lexicon's).
         judge: The LLM judge, for categories with ``semantic.judge: async``: its verdict on the
             two questions takes the place of the answer comparison.
+        documents_of: The documents of an entry, ``(version tag, entry key) -> keys``, to merge
+            entries of one answer; without it entries are never merged.
     """
 
     def __init__(self, redis: Redis, embedder: Embedder, analyzer: PairAnalyzer | None,
-                 judge: Confirm | None = None) -> None:
+                 judge: Confirm | None = None, documents_of: DocumentsOf | None = None) -> None:
         self._redis = redis
         self._judge = judge
         self._embedder = embedder
         self._analyzer = analyzer
+        self._documents_of = documents_of
         self._observe = redis.register_script(_OBSERVE)
         self._alias = redis.register_script(_ALIAS)
+        self._merge = redis.register_script(_MERGE)
 
     async def equivalent(self, cached: bytes, fresh: bytes, policy: SemanticPolicy) -> bool:
-        """Whether two answers say the same: equal once normalised; else the same numbers and
-        either embeddings at least ``answer_threshold`` alike or the shorter answer's content
-        words at least ``answer_overlap`` found in the other."""
-        first, second = answer_text(cached), answer_text(fresh)
-        if first is None or second is None:
-            return False
-        first, second = normalize_text(first).lower(), normalize_text(second).lower()
-        if first == second:
-            return True
-        if self._analyzer is not None:
-            a, b = self._analyzer.profile(first), self._analyzer.profile(second)
-            if a.numbers != b.numbers:
-                return False
-            smaller = min(len(a.tokens), len(b.tokens))
-            if smaller and len(a.tokens & b.tokens) / smaller >= policy.answer_overlap:
-                return True
-        vectors = await self._embedder.embed([first, second])
-        return float(vectors[0] @ vectors[1]) >= policy.answer_threshold
+        """Whether two answers say the same (see :meth:`equivalents`)."""
+        return (await self.equivalents(fresh, [cached], policy))[0]
 
-    async def observe(self, query: CacheQuery, candidate: Candidate, fresh: bytes) -> bool | None:
+    async def equivalents(self, fresh: bytes, cached: list[bytes], policy: SemanticPolicy) -> list[bool]:
+        """Whether each cached answer says the same as the fresh one: equal once normalised; else
+        the same numbers and either embeddings at least ``answer_threshold`` alike or the shorter
+        answer's content words at least ``answer_overlap`` found in the other. The answers left
+        undecided are embedded in one call."""
+        text = answer_text(fresh)
+        verdicts: list[bool | None] = [None] * len(cached)
+        if text is None:
+            return [False] * len(cached)
+        text = normalize_text(text).lower()
+        profile = self._analyzer.profile(text) if self._analyzer is not None else None
+        undecided: list[tuple[int, str]] = []
+        for i, completion in enumerate(cached):
+            other = answer_text(completion)
+            if other is None:
+                verdicts[i] = False
+                continue
+            other = normalize_text(other).lower()
+            if other == text:
+                verdicts[i] = True
+                continue
+            if profile is not None and self._analyzer is not None:
+                theirs = self._analyzer.profile(other)
+                if theirs.numbers != profile.numbers:
+                    verdicts[i] = False
+                    continue
+                smaller = min(len(theirs.tokens), len(profile.tokens))
+                if smaller and len(theirs.tokens & profile.tokens) / smaller >= policy.answer_overlap:
+                    verdicts[i] = True
+                    continue
+            undecided.append((i, other))
+        if undecided:
+            vectors = await self._embedder.embed([text] + [other for _, other in undecided])
+            for (i, _), vector in zip(undecided, vectors[1:], strict=True):
+                verdicts[i] = float(vectors[0] @ vector) >= policy.answer_threshold
+        return [bool(v) for v in verdicts]
+
+    async def observe(self, query: CacheQuery, candidate: Candidate, fresh: bytes) -> Observed | None:
         """Record what the candidate would have been worth; alias the new question to it when
-        the answers are equivalent (or, with ``judge: async``, when the judge says yes).
+        the answers are equivalent (or, with ``judge: async``, when the judge says yes), else
+        to a neighbouring entry whose answer is; merge the neighbouring entries of that answer.
 
         Returns:
-            Whether the candidate's answer was right; ``None`` when the judge failed (nothing recorded).
+            What was learnt; ``None`` when the judge failed (nothing recorded).
         """
         policy = query.category.semantic
+        neighbours = candidate.neighbours if self._documents_of is not None else ()
         if policy.judge_after_miss and self._judge is not None and query.canonical.question is not None:
             verdict = await self._judge.confirm(query.canonical.question, candidate.question, query.canonical.model)
             if verdict.reason == JUDGE_FAILED:
                 return None
-            same = verdict.accepted
+            same, neighbours = verdict.accepted, ()  # the judge speaks of questions, not answers
         else:
-            same = await self.equivalent(candidate.answer, fresh, policy)
+            verdicts = await self.equivalents(fresh, [candidate.answer] + [n.answer for n in neighbours], policy)
+            same, neighbours = verdicts[0], tuple(n for n, ok in zip(neighbours, verdicts[1:], strict=True) if ok)
         field = observation_field(OBS_OK if same else OBS_WRONG, candidate.score_bin)
         explored = (OBS_EXPLORED_OK if same else OBS_EXPLORED_WRONG) if candidate.explored else ""
         await self._observe(
@@ -289,7 +381,26 @@ class AnswerLearner:
             args=[field, "0" if same else "1", int(round(candidate.similarity * 1000)), explored, POOLED_TTL_S,
                   observation_field(OBS_CONFIRMED, candidate.score_bin)],
         )
-        if same and policy.max_aliases > 0:
-            new_key = semantic_prefix(query.version) + query.entry_digest
-            await self._alias(keys=[new_key, candidate.root], args=[policy.max_aliases])
-        return same
+        entry = candidate.root if same else (neighbours[0].root if neighbours else None)
+        if entry is None or policy.max_aliases <= 0:
+            return Observed(same=same)
+        new_key = semantic_prefix(query.version) + query.entry_digest
+        await self._alias(keys=[new_key, entry], args=[policy.max_aliases])
+        merged = 0
+        for neighbour in neighbours:
+            if neighbour.root != entry:
+                merged += await self.merge(query.version, entry, neighbour.root, policy)
+        return Observed(same=same, merged=merged)
+
+    async def merge(self, tag: str, entry: str, other: str, policy: SemanticPolicy) -> int:
+        """Merge entry ``other`` into ``entry`` (their answers are equivalent); 1 if it was merged.
+
+        Atomic per call; an alias added to ``other`` between reading its documents and the
+        merge keeps pointing at ``other``, which then holds no record: it vouches for nothing.
+        """
+        assert self._documents_of is not None
+        documents = await self._documents_of(tag, other)
+        documents.discard(other)
+        merged = await self._merge(keys=[entry, other, *sorted(documents)],
+                                   args=[policy.max_aliases, f"{OBS_CONFIRMED}:"])
+        return 1 if int(merged) == 1 else 0

@@ -26,7 +26,7 @@ from redisvl.index import AsyncSearchIndex
 from redisvl.query import FilterQuery, VectorQuery
 from redisvl.query.filter import FilterExpression, Tag
 
-from app.cache.base import CacheHit, CacheQuery, Candidate, CorruptEntry, EmbeddingFailed
+from app.cache.base import CacheHit, CacheQuery, Candidate, CorruptEntry, EmbeddingFailed, Neighbour
 from app.cache.entry import CacheEntry, write_entry
 from app.cache.keys import (
     FIELD_ANSWER,
@@ -66,6 +66,9 @@ DISTANCE_FIELD = "vector_distance"
 # categories look at more, to find the nearest document serving another answer (the margin).
 CANDIDATES = 3
 ADAPTIVE_CANDIDATES = 8
+# Other entries of model answers among those, handed to the learner with a candidate: the
+# nearest few are where a second entry of the same answer would be.
+NEIGHBOURS = 3
 
 
 def scope_filter(query: CacheQuery) -> FilterExpression:
@@ -227,7 +230,8 @@ class SemanticCache:
             verdict = self._check.learned(within, wrong_before, prior, entry)
             answer = row[FIELD_ANSWER]
             candidate = Candidate(key=key, root=root, question=row[FIELD_QUESTION], similarity=similarity, score_bin=bin_,
-                                  answer=answer.encode() if isinstance(answer, str) else answer)
+                                  answer=answer.encode() if isinstance(answer, str) else answer,
+                                  neighbours=_neighbours(root, row, rows, policy.threshold))
             rate = policy.entry_explore if entry else policy.explore
             if verdict.accepted and rate and self._explore.random() < rate:
                 return msgspec.structs.replace(candidate, explored=True)
@@ -252,7 +256,7 @@ class SemanticCache:
             similarity=similarity,
             matched_question=row[FIELD_QUESTION],
             reason=reason,
-            source=_text(row.get(FIELD_SOURCE)) or SOURCE_MODEL,
+            source=_source(row),
             key=_text(row.get(FIELD_ROOT)) or key,
         )
 
@@ -281,6 +285,26 @@ class SemanticCache:
             query, completion, scope=query.scope_digest, embedding=vector.astype(np.float32).tobytes(), root=key
         )
         await write_entry(self._redis, key, entry)
+
+
+def _neighbours(root: str, row: dict[str, Any], rows: list[tuple[str, float, dict[str, Any]]], floor: float) -> tuple[Neighbour, ...]:
+    """Entries of model answers in the band other than the candidate's, nearest first (none for
+    a curated candidate: operators' entries are never merged)."""
+    if _source(row) != SOURCE_MODEL:
+        return ()
+    found: dict[str, Neighbour] = {}
+    for key, similarity, other in rows:
+        other_root = _text(other.get(FIELD_ROOT)) or key
+        if similarity < floor or len(found) == NEIGHBOURS:
+            break
+        if other_root != root and other_root not in found and _source(other) == SOURCE_MODEL and other.get(FIELD_ANSWER):
+            answer = other[FIELD_ANSWER]
+            found[other_root] = Neighbour(root=other_root, answer=answer.encode() if isinstance(answer, str) else answer)
+    return tuple(found.values())
+
+
+def _source(row: dict[str, Any]) -> str:
+    return _text(row.get(FIELD_SOURCE)) or SOURCE_MODEL
 
 
 def _milli(similarity: float) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -247,3 +248,52 @@ def test_entry_record_hits_can_be_explored_at_their_own_rate(
     pool = "strata:v1:obs:learn_entry_explored"
     counts = eventually(lambda: {k.decode(): int(v) for k, v in redis_sync.hgetall(pool).items()})
     assert counts.get("explored_ok") == 1
+
+
+def test_two_entries_of_one_answer_are_merged_by_a_miss_that_matches_both(
+        strata: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream) -> None:
+    first, second, third = "怎么申请退款", "退款怎么申请", "如何申请退款"
+    fake_upstream.answers.update({q: REFUND for q in (first, second, third)})
+    # Asked at the same moment, neither finds the other: one answer, two entries.
+    merges_before = merges(strata)
+    fake_upstream.delay = 0.5
+    with ThreadPoolExecutor(2) as pool:
+        assert [r.headers["x-cache"] for r in pool.map(lambda q: ask(strata, q, headers=LEARN), (first, second))] == ["miss"] * 2
+    fake_upstream.delay = 0.0
+    (first_key, _), (second_key, _) = sem_doc(redis_sync, first), sem_doc(redis_sync, second)
+    assert redis_sync.hget(first_key, "root") == first_key.encode() and redis_sync.hget(second_key, "root") == second_key.encode()
+    # A third phrasing meets one of them as its candidate and the other as a neighbour; the
+    # model's answer matches both, so the neighbour is merged into the candidate's entry.
+    assert ask(strata, third, headers=LEARN).headers["x-cache"] == "miss"
+    third_key, _ = sem_doc(redis_sync, third)
+    roots = eventually(lambda: len(r := {redis_sync.hget(k, "root") for k in (first_key, second_key, third_key)}) == 1 and r)
+    assert roots, "the three documents did not end up in one entry"
+    entry = roots.pop().decode()
+    merged = second_key if entry == first_key else first_key
+    assert int(redis_sync.hget(entry, "aliases")) == 2 and redis_sync.hget(merged, "aliases") is None
+    assert sum(int(v) for k, v in redis_sync.hgetall(entry).items() if k.startswith(b"confirmed:")) == 1
+    assert merges(strata) == merges_before + 1
+
+
+def merges(strata: str) -> float:
+    for line in httpx.get(strata + "/metrics").text.splitlines():
+        if line.startswith('strata_semantic_entry_merges_total{category="learn"}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_entries_are_not_merged_past_the_alias_cap(
+        strata: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream) -> None:
+    first, second, third = "怎么申请退款", "退款怎么申请", "如何申请退款"
+    fake_upstream.answers.update({q: REFUND for q in (first, second, third)})
+    fake_upstream.delay = 0.5
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda q: ask(strata, q, headers=LEARN), (first, second)))
+    fake_upstream.delay = 0.0
+    keys = [sem_doc(redis_sync, q)[0] for q in (first, second)]
+    for key in keys:  # both entries already hold their two aliases (max_aliases: 2)
+        redis_sync.hset(key, "aliases", 2)
+    ask(strata, third, headers=LEARN)
+    eventually(lambda: any(k.startswith(b"ok:") for k in redis_sync.hgetall(POOL)))
+    time.sleep(0.3)
+    assert [redis_sync.hget(k, "root") for k in keys] == [k.encode() for k in keys]

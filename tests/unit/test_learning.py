@@ -99,3 +99,23 @@ def test_an_entry_vouches_with_enough_confirmations_and_no_wrong_nearby() -> Non
     assert not entry_vouches([b"760", *confirmations], 0.80, ENTRY_POLICY)  # wrong at 0.76: within the gap
     assert entry_vouches([b"740", *confirmations], 0.80, ENTRY_POLICY)  # wrong further below: still vouches
     assert not entry_vouches([b"850", *confirmations], 0.80, ENTRY_POLICY)  # wrong above it
+
+
+def test_neighbours_are_other_entries_of_model_answers_in_the_band() -> None:
+    from app.cache.semantic import NEIGHBOURS, _neighbours
+
+    def row(root: str, source: str | None = None, answer: str = "a") -> dict[str, object]:
+        fields: dict[str, object] = {"root": root, "answer": answer, "question": "q"}
+        if source:
+            fields["source"] = source
+        return fields
+
+    rows = [("d1", 0.95, row("e1")), ("d2", 0.93, row("e1")), ("d3", 0.9, row("e2")),
+            ("d4", 0.85, row("e3", "faq")), ("d5", 0.8, row("e2")), ("d6", 0.7, row("e4")),
+            ("d7", 0.5, row("e5"))]
+    found = _neighbours("e1", rows[0][2], rows, floor=0.6)
+    # Not the candidate's own entry, not curated answers, each entry once, nothing under the floor.
+    assert [n.root for n in found] == ["e2", "e4"] and found[0].answer == b"a"
+    assert _neighbours("e3", rows[3][2], rows, floor=0.6) == ()  # a curated candidate is never merged
+    many = [(f"d{i}", 0.9, row(f"e{i}")) for i in range(10)]
+    assert len(_neighbours("e0", many[0][2], many, floor=0.6)) == NEIGHBOURS
