@@ -3,6 +3,7 @@ write-back of complete answers, and handing the answer to single-flight follower
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -61,10 +62,14 @@ class Relay:
         """Book an upstream answer: tokens, write-back, L4's length statistics."""
         self._metrics.upstream_requests.labels("ok").inc()
         self._metrics.count_tokens(completion.get("usage"))
-        await self._cache.store(exchange.plan, raw, completion)
-        if self._caps is not None:
-            await self._caps.observe(exchange.category, str(exchange.body.get("model", "")), completion,
-                                     exchange.learnt_cap)
+        if self._caps is None:
+            await self._cache.store(exchange.plan, raw, completion)
+            return
+        # Independent round trips, each handling its own failures: side by side, not one after the other.
+        await asyncio.gather(
+            self._cache.store(exchange.plan, raw, completion),
+            self._caps.observe(exchange.category, str(exchange.body.get("model", "")), completion, exchange.learnt_cap),
+        )
 
     async def send(self, exchange: Exchange) -> ChatResult:
         """The upstream's answer as a result (JSON, or a stream that is relayed as it comes).

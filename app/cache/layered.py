@@ -227,18 +227,23 @@ class LayeredCache:
         if current != query.version or generation != query.generation:
             self._skip_store("skipped_stale_version")
             return
+        writes = []
         for layer in self._layers:
             if truncated and layer.name != EXACT:
                 self._metrics.stores.labels(layer.name, "skipped_truncated").inc()  # never served semantically
                 continue
-            try:
-                await layer.store(query, raw)
-            except CACHE_ERRORS as exc:
-                self._metrics.cache_failed(layer.name, "store", exc)
-                continue
-            self._metrics.stores.labels(layer.name, "stored").inc()
+            writes.append(self._store_in(layer, query, raw))
+        await asyncio.gather(*writes)  # the layers' keys are independent: one round trip's wait, not one each
         if plan.candidate is not None and complete:
             self._learn(query, plan.candidate, raw)
+
+    async def _store_in(self, layer: CacheLayer, query: CacheQuery, raw: bytes) -> None:
+        try:
+            await layer.store(query, raw)
+        except CACHE_ERRORS as exc:
+            self._metrics.cache_failed(layer.name, "store", exc)
+            return
+        self._metrics.stores.labels(layer.name, "stored").inc()
 
     def _learn(self, query: CacheQuery, candidate: Candidate, answer: bytes) -> None:
         """Compare the fresh answer with the candidate's in the background: nothing on the
