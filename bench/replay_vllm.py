@@ -13,7 +13,9 @@ Arms (open loop: request i leaves at i / rate seconds, whatever the answers befo
 - strata, day 2 (``--second-day``): the next draw from the same customers (seed + 1), same
   schedule, through Strata with the cache the strata arm left: a deployment past its first hour.
 Each arm gets a fresh run marker in its system prompt, so Strata starts from an empty cache and
-vLLM's prefix cache from nothing shared with another arm (day 2 shares the strata arm's).
+vLLM's prefix cache from nothing shared with another arm (day 2 shares the strata arm's); before
+the strata arm the cache version is bumped (``--keep-cache`` not to), so that no category
+observations of earlier runs count.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import asyncio
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 import uuid
@@ -132,6 +135,17 @@ async def run_arm(name: str, url: str, vllm: str, model: str, questions: list[st
     return arm
 
 
+def empty_cache() -> None:
+    """Start the strata arm from nothing learnt: a fresh run marker already gives it a scope of its
+    own, but a category's pooled observations are shared by every scope of a version. Bumps the
+    version the way an operator would (`strata cache invalidate --all`, on STRATA_REDIS_URL)."""
+    done = subprocess.run([sys.executable, "-m", "app.cli", "cache", "invalidate", "--all"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        raise SystemExit(f"bench-replay: could not empty the cache: {done.stderr or done.stdout}")
+    print(done.stdout.strip(), flush=True)
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
@@ -181,6 +195,8 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=0.5, help="requests per second (open loop)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--phrasings", type=int, default=4, help="utterances per intent (0: a fresh one each time)")
+    parser.add_argument("--keep-cache", action="store_true",
+                        help="do not bump the cache version before the strata arm (earlier runs' observations then count)")
     parser.add_argument("--second-day", action="store_true", help="also replay the next draw through the warm cache")
     parser.add_argument("--out", default=str(ROOT / "docs" / "REPLAY.md"))
     args = parser.parse_args()
@@ -200,6 +216,8 @@ def main() -> int:
         ("direct, short prompt", {"url": args.vllm, "short": True}, args.side_requests),
         ("direct, timestamp in prompt", {"url": args.vllm, "timestamp": True}, args.side_requests),
     ):
+        if name == "strata" and not args.keep_cache:
+            empty_cache()
         arm = asyncio.run(run_arm(name, vllm=args.vllm, model=model, questions=questions[:count], rate=args.rate, **kwargs))
         arms[name] = arm
         print(f"{name}: {json.dumps(summary(arm))}", flush=True)
