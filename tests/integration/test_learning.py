@@ -273,6 +273,11 @@ def test_two_entries_of_one_answer_are_merged_by_a_miss_that_matches_both(
     assert int(redis_sync.hget(entry, "aliases")) == 2 and redis_sync.hget(merged, "aliases") is None
     assert sum(int(v) for k, v in redis_sync.hgetall(entry).items() if k.startswith(b"confirmed:")) == 1
     assert merges(strata) == merges_before + 1
+    # The merged documents belong to the entry now: invalidating it by key removes all three.
+    response = httpx.post(strata + "/admin/cache/invalidate", json={"key": entry},
+                          headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    assert response.status_code == 200, response.text
+    assert not any(redis_sync.exists(k) for k in (first_key, second_key, third_key))
 
 
 def merges(strata: str) -> float:
