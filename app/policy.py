@@ -48,6 +48,10 @@ class SemanticPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     # are the riskier ones, and a wrong one found this way vetoes the entry there, so a question
     # served wrongly is not served wrongly on all its repeats. Costs reach (docs/QUALITY.md).
     entry_explore: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.0
+    # Guards an entry may outgrow (adaptive categories): a guard (numbers, negation, entities
+    # differ) stops turning candidates of an entry down once that many answered misses it turned
+    # down had the entry's answer and none had another. 0: guards always hold.
+    guard_lift: Annotated[int, Meta(ge=0, le=1_000)] = 0
 
     def __post_init__(self) -> None:
         if self.accept_above < self.threshold:

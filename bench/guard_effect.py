@@ -3,8 +3,9 @@ questions share a label (so would have been right to serve, in the stream's own 
 
     python -m bench.guard_effect --stream .run/replay/clinc3000.jsonl [--category faq]
 
-Runs `strata replay run --simulate` in process and counts every guard rejection of a candidate
-(``CandidateCheck.guarded``), with a few same-label examples per guard. A guard rejecting
+Runs `strata replay run --simulate` in process and counts every time a guard fires on a
+candidate (``CandidateCheck.guard``; with ``semantic.guard_lift`` an entry may then have outgrown
+it), with a few same-label examples per guard. A guard rejecting
 same-label pairs is not necessarily wrong: the simulated upstream answers by label and ignores
 the numbers a question names, a real one may not.
 """
@@ -16,7 +17,7 @@ import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from app.cache.verify import CandidateCheck, Verdict
+from app.cache.verify import CandidateCheck
 from app.replay.simulate import run_simulated
 from app.replay.streams import read_stream
 from app.settings import Settings
@@ -32,23 +33,23 @@ def main() -> int:
     label = {request.text: request.label for request in stream}
     counts: Counter[tuple[str, bool]] = Counter()
     examples: dict[str, list[tuple[str, str]]] = defaultdict(list)
-    guarded = CandidateCheck.guarded
+    guard = CandidateCheck.guard
 
-    def counting(self: CandidateCheck, asked: str, cached: str) -> Verdict | None:
-        verdict = guarded(self, asked, cached)
-        if verdict is not None:
+    def counting(self: CandidateCheck, asked: str, cached: str) -> str | None:
+        reason = guard(self, asked, cached)
+        if reason is not None:
             same = label.get(asked) == label.get(cached)
-            counts[(verdict.reason, same)] += 1
-            if same and len(examples[verdict.reason]) < args.examples:
-                examples[verdict.reason].append((asked, cached))
-        return verdict
+            counts[(reason, same)] += 1
+            if same and len(examples[reason]) < args.examples:
+                examples[reason].append((asked, cached))
+        return reason
 
-    CandidateCheck.guarded = counting  # type: ignore[method-assign]
+    CandidateCheck.guard = counting  # type: ignore[method-assign]
     try:
         run_simulated(stream, settings=Settings.from_env(), category=args.category)
     finally:
-        CandidateCheck.guarded = guarded  # type: ignore[method-assign]
-    print(f"{args.stream}, category {args.category}: candidates the guards turned down")
+        CandidateCheck.guard = guard  # type: ignore[method-assign]
+    print(f"{args.stream}, category {args.category}: candidates the guards fired on")
     for reason in sorted({reason for reason, _ in counts}):
         print(f"  {reason:22s} same label {counts[(reason, True)]:5d}   other label {counts[(reason, False)]:5d}")
     for reason, pairs in sorted(examples.items()):

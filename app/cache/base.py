@@ -96,6 +96,21 @@ class Neighbour(msgspec.Struct, frozen=True, kw_only=True):
     answer: bytes
 
 
+class TurnedDown(msgspec.Struct, frozen=True, kw_only=True):
+    """A nearer document a guard turned down: the miss's answer says whether the guard mattered
+    for its entry (``semantic.guard_lift``).
+
+    Attributes:
+        root: Its entry.
+        answer: Its answer.
+        guard: The guard.
+    """
+
+    root: str
+    answer: bytes
+    guard: str
+
+
 class Candidate(msgspec.Struct, frozen=True, kw_only=True):
     """The nearest cached question a layer did not serve, worth learning from once the model
     has answered (app/cache/learning.py).
@@ -109,6 +124,11 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
         score_bin: The decision score's bin (similarity and margin, x100).
         explored: Whether it would have been served and was sent upstream to check the estimate.
         neighbours: Other entries of the model's answers among the nearest documents (a few).
+        guard: The guard that turned it down ("" if none did): the miss teaches the entry
+            whether that guard matters for it (``semantic.guard_lift``).
+        guard_lifted: Whether the entry has outgrown that guard, so the candidate was decided
+            as any other.
+        turned_down: The nearest document a guard turned down before this candidate, if any.
     """
 
     key: str
@@ -119,6 +139,9 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
     score_bin: int
     explored: bool = False
     neighbours: tuple[Neighbour, ...] = ()
+    guard: str = ""
+    guard_lifted: bool = False
+    turned_down: TurnedDown | None = None
 
 
 class Verdict(msgspec.Struct, frozen=True):

@@ -70,6 +70,10 @@ OBS_WRONG = "wrong"
 # and the operator's curated variants per similarity bin (kept apart: they vouch for nothing).
 OBS_CONFIRMED = "confirmed"
 OBS_CURATED = "curated"
+# On an entry: answered misses a guard turned it down for, per guard (``guard_ok:numbers_differ``),
+# whose answer was the entry's or another's (semantic.guard_lift).
+OBS_GUARD_OK = "guard_ok"
+OBS_GUARD_WRONG = "guard_wrong"
 OBS_EXPLORED_OK = "explored_ok"
 OBS_EXPLORED_WRONG = "explored_wrong"
 

@@ -49,6 +49,8 @@ from app.cache.keys import (
     OBS_CONFIRMED,
     OBS_EXPLORED_OK,
     OBS_EXPLORED_WRONG,
+    OBS_GUARD_OK,
+    OBS_GUARD_WRONG,
     OBS_OK,
     OBS_WRONG,
     SOURCE_MODEL,
@@ -95,6 +97,13 @@ end
 redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
 if ARGV[4] ~= '' then redis.call('HINCRBY', KEYS[2], ARGV[4], 1) end
 redis.call('EXPIRE', KEYS[2], ARGV[5])
+return 1
+"""
+
+# Counts, on an entry that still exists, whether a candidate a guard turned down had its answer.
+# KEYS: entry. ARGV: field (guard_ok:<guard> or guard_wrong:<guard>).
+_COUNT_GUARD = """
+if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HINCRBY', KEYS[1], ARGV[1], 1) end
 return 1
 """
 
@@ -314,6 +323,7 @@ class AnswerLearner:
         self._observe = redis.register_script(_OBSERVE)
         self._alias = redis.register_script(_ALIAS)
         self._merge = redis.register_script(_MERGE)
+        self._count_guard = redis.register_script(_COUNT_GUARD)
 
     async def equivalent(self, cached: bytes, fresh: bytes, policy: SemanticPolicy) -> bool:
         """Whether two answers say the same (see :meth:`equivalents`)."""
@@ -372,15 +382,26 @@ class AnswerLearner:
                 return None
             same, neighbours = verdict.accepted, ()  # the judge speaks of questions, not answers
         else:
-            verdicts = await self.equivalents(fresh, [candidate.answer] + [n.answer for n in neighbours], policy)
+            turned = [candidate.turned_down.answer] if candidate.turned_down is not None else []
+            verdicts = await self.equivalents(fresh, [candidate.answer, *turned] + [n.answer for n in neighbours], policy)
+            if candidate.turned_down is not None:
+                turned_down, turned_same = candidate.turned_down, verdicts.pop(1)
+                await self._count_guard(keys=[turned_down.root],
+                                        args=[f"{OBS_GUARD_OK if turned_same else OBS_GUARD_WRONG}:{turned_down.guard}"])
             same, neighbours = verdicts[0], tuple(n for n, ok in zip(neighbours, verdicts[1:], strict=True) if ok)
-        field = observation_field(OBS_OK if same else OBS_WRONG, candidate.score_bin)
-        explored = (OBS_EXPLORED_OK if same else OBS_EXPLORED_WRONG) if candidate.explored else ""
-        await self._observe(
-            keys=[candidate.key, observations_key(query.version, query.category.name), candidate.root],
-            args=[field, "0" if same else "1", int(round(candidate.similarity * 1000)), explored, POOLED_TTL_S,
-                  observation_field(OBS_CONFIRMED, candidate.score_bin)],
-        )
+        if candidate.guard:
+            # Whether the guard mattered for this entry; also once lifted, so a miss with another
+            # answer puts it back.
+            await self._count_guard(keys=[candidate.root],
+                                    args=[f"{OBS_GUARD_OK if same else OBS_GUARD_WRONG}:{candidate.guard}"])
+        if not candidate.guard or candidate.guard_lifted:
+            field = observation_field(OBS_OK if same else OBS_WRONG, candidate.score_bin)
+            explored = (OBS_EXPLORED_OK if same else OBS_EXPLORED_WRONG) if candidate.explored else ""
+            await self._observe(
+                keys=[candidate.key, observations_key(query.version, query.category.name), candidate.root],
+                args=[field, "0" if same else "1", int(round(candidate.similarity * 1000)), explored, POOLED_TTL_S,
+                      observation_field(OBS_CONFIRMED, candidate.score_bin)],
+            )
         entry = candidate.root if same else (neighbours[0].root if neighbours else None)
         if entry is None or policy.max_aliases <= 0:
             return Observed(same=same)

@@ -26,7 +26,7 @@ from redisvl.index import AsyncSearchIndex
 from redisvl.query import FilterQuery, VectorQuery
 from redisvl.query.filter import FilterExpression, Tag
 
-from app.cache.base import CacheHit, CacheQuery, Candidate, CorruptEntry, EmbeddingFailed, Neighbour
+from app.cache.base import CacheHit, CacheQuery, Candidate, CorruptEntry, EmbeddingFailed, Neighbour, TurnedDown
 from app.cache.entry import CacheEntry, write_entry
 from app.cache.keys import (
     FIELD_ANSWER,
@@ -39,6 +39,8 @@ from app.cache.keys import (
     FIELD_SOURCE,
     FIELD_WRONG_ABOVE,
     NAMESPACE,
+    OBS_GUARD_OK,
+    OBS_GUARD_WRONG,
     SOURCE_MODEL,
     faq_scope_digest,
     semantic_index_name,
@@ -198,15 +200,23 @@ class SemanticCache:
 
     async def _adaptive(self, query: CacheQuery, question: str, rows: list[tuple[str, float, dict[str, Any]]]) -> CacheHit | Candidate | None:
         """An adaptive category's decision on the nearest candidate the guards let through
-        (app/cache/learning.py): served within the error bound, otherwise a candidate to learn from."""
+        (app/cache/learning.py): served within the error bound, otherwise a candidate to learn from.
+        With ``guard_lift``, a guard an entry has outgrown lets its candidates through, and when
+        no candidate passes, the nearest one a guard turned down is returned to learn from."""
         policy = query.category.semantic
+        turned_down: Candidate | None = None
         for key, similarity, row in rows:
             if similarity < policy.threshold:
                 break
             _check_row(key, row)
-            if self._check.guarded(question, row[FIELD_QUESTION]) is not None:
-                continue
             root = _text(row.get(FIELD_ROOT)) or key
+            guard = self._check.guard(question, row[FIELD_QUESTION]) or ""
+            lifted = bool(guard) and await self._guard_lifted(root, guard, policy)
+            if guard and not lifted:
+                self._check.held(guard)
+                if turned_down is None and policy.guard_lift > 0 and _source(row) == SOURCE_MODEL:
+                    turned_down = self._candidate(key, root, row, rows, similarity, 0, policy, guard=guard)
+                continue
             others = [s for k, s, r in rows if (_text(r.get(FIELD_ROOT)) or k) != root]
             score = decision_score(similarity, max(others) if others else None, policy.threshold)
             bin_ = score_bin(score)
@@ -228,17 +238,33 @@ class SemanticCache:
                 values = await self._redis.hmget(root, entry_record_fields(policy.threshold, bin_))
                 within = entry = entry_vouches(values, similarity, policy)
             verdict = self._check.learned(within, wrong_before, prior, entry)
-            answer = row[FIELD_ANSWER]
-            candidate = Candidate(key=key, root=root, question=row[FIELD_QUESTION], similarity=similarity, score_bin=bin_,
-                                  answer=answer.encode() if isinstance(answer, str) else answer,
-                                  neighbours=_neighbours(root, row, rows, policy.threshold))
+            candidate = self._candidate(key, root, row, rows, similarity, bin_, policy, guard=guard, lifted=lifted)
+            if turned_down is not None:  # learn about the guard of the nearer one too
+                candidate = msgspec.structs.replace(candidate, turned_down=TurnedDown(
+                    root=turned_down.root, answer=turned_down.answer, guard=turned_down.guard))
             rate = policy.entry_explore if entry else policy.explore
             if verdict.accepted and rate and self._explore.random() < rate:
                 return msgspec.structs.replace(candidate, explored=True)
             if verdict.accepted:
                 return await self._hit(key, row, similarity, verdict.reason)
             return candidate
-        return None
+        return turned_down
+
+    @staticmethod
+    def _candidate(key: str, root: str, row: dict[str, Any], rows: list[tuple[str, float, dict[str, Any]]],
+                   similarity: float, bin_: int, policy: SemanticPolicy, *, guard: str = "", lifted: bool = False) -> Candidate:
+        answer = row[FIELD_ANSWER]
+        return Candidate(key=key, root=root, question=row[FIELD_QUESTION], similarity=similarity, score_bin=bin_,
+                         answer=answer.encode() if isinstance(answer, str) else answer,
+                         neighbours=_neighbours(root, row, rows, policy.threshold), guard=guard, guard_lifted=lifted)
+
+    async def _guard_lifted(self, root: str, guard: str, policy: SemanticPolicy) -> bool:
+        """Whether the entry has outgrown a guard: ``guard_lift`` answered misses it turned
+        down had the entry's answer, and none had another (one read, only when a guard fires)."""
+        if policy.guard_lift <= 0:
+            return False
+        ok, wrong = await self._redis.hmget(root, [f"{OBS_GUARD_OK}:{guard}", f"{OBS_GUARD_WRONG}:{guard}"])
+        return int(ok or 0) >= policy.guard_lift and not int(wrong or 0)
 
     @staticmethod
     def _entry_may_vouch(policy: SemanticPolicy, similarity: float, score: float) -> bool:

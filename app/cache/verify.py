@@ -430,7 +430,16 @@ class CandidateCheck:
     def guarded(self, asked: str, cached: str) -> Verdict | None:
         """The guards' rejection (counted), or ``None`` when they let the pair through."""
         rejection = self.verifier.guard(asked, cached)
-        return None if rejection is None else self._count(Verdict(False, rejection))
+        return None if rejection is None else self.held(rejection)
+
+    def guard(self, asked: str, cached: str) -> str | None:
+        """The guard that rejects the pair, not yet counted: the candidate's entry may have
+        outgrown it (``semantic.guard_lift``)."""
+        return self.verifier.guard(asked, cached)
+
+    def held(self, rejection: str) -> Verdict:
+        """Count a guard's rejection that stands."""
+        return self._count(Verdict(False, rejection))
 
     def learned(self, within: bool, wrong_before: bool, prior: bool = False, entry: bool = False) -> Verdict:
         """The verdict of an adaptive category's decision (counted): ``above_band`` when the

@@ -23,6 +23,7 @@ from tests.support import FakeUpstream, ask, serve_strata
 LEARN = {"X-Cache-Category": "learn"}
 POOL = "strata:v1:obs:learn"
 REFUND = "To get a refund, open the order page and press Refund; see guide 12."
+LIMIT = "Credit limits are raised in the app under Cards, Limits, after a review."
 PROGRESS = "Refund progress is on the order page under Status, updated within 3 days; see guide 40."
 
 
@@ -302,3 +303,25 @@ def test_entries_are_not_merged_past_the_alias_cap(
     eventually(lambda: any(k.startswith(b"ok:") for k in redis_sync.hgetall(POOL)))
     time.sleep(0.3)
     assert [redis_sync.hget(k, "root") for k in keys] == [k.encode() for k in keys]
+
+
+def test_a_guard_an_entry_outgrew_lets_its_candidates_through_until_another_answer(
+        strata: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream) -> None:
+    guarded = {"X-Cache-Category": "learn_guard"}  # guard_lift: 1
+    first, second, third = ("how do i raise my credit limit to 5000", "raise my credit limit to 8000 please",
+                            "can my credit limit go up to 9000")
+    fake_upstream.answers.update({q: LIMIT for q in (first, second, third)})
+    ask(strata, first, headers=guarded)
+    # The numbers differ, so the guard turns the entry down; the model's answer was the entry's all the same.
+    assert ask(strata, second, headers=guarded).headers["x-cache"] == "miss"
+    entry_key, _ = sem_doc(redis_sync, first)
+    assert eventually(lambda: redis_sync.hget(entry_key, "guard_ok:numbers_differ")) == b"1"
+    assert not any(k.startswith(b"ok:") for k in redis_sync.hgetall(entry_key))  # not evidence for the pool
+    # Outgrown: the next such candidate is decided as any other (here the pool allows it).
+    redis_sync.hset("strata:v1:obs:learn_guard", mapping={f"ok:{b:03d}": 1000 for b in range(50, 160)})
+    served = ask(strata, third, headers=guarded)
+    assert served.headers["x-cache"] == "semantic-hit", dict(served.headers)
+    # An answered miss with another answer puts the guard back for this entry.
+    redis_sync.hset(entry_key, "guard_wrong:numbers_differ", 1)
+    forget_question(redis_sync, third)
+    assert ask(strata, third, headers=guarded).headers["x-cache"] == "miss"
