@@ -370,6 +370,9 @@ class AnswerLearner:
         """Record what the candidate would have been worth; alias the new question to it when
         the answers are equivalent (or, with ``judge: async``, when the judge says yes), else
         to a neighbouring entry whose answer is; merge the neighbouring entries of that answer.
+        A candidate a guard turned down (and a nearer document one turned down) teaches its entry
+        whether that guard matters for it (``guard_ok:<guard>`` / ``guard_wrong:<guard>``), not
+        the category's pool.
 
         Returns:
             What was learnt; ``None`` when the judge failed (nothing recorded).
