@@ -321,24 +321,26 @@ def cmd_faq_load(args: argparse.Namespace, settings: Settings) -> int:
         return _fail(str(exc))
 
     async def go() -> tuple[str, int, int]:
+        from app.cache.buckets import open_buckets
         from app.cache.semantic import SemanticCache
         from app.cache.version import VersionTag
         from app.embed import BatchingEmbedder, load_encoder
-        from app.faq import load_faq
-        from app.lifespan import connect_redis, reconcile
+        from app.faq import load_faq_in_buckets
+        from app.lifespan import reconcile
 
         options = settings.semantic
         encoder = await asyncio.to_thread(load_encoder, options.embedder, options.embedder_model)
         embedder = BatchingEmbedder(encoder)
-        redis = connect_redis(_replace(settings.redis, timeout_s=10.0))
+        buckets = await open_buckets(_replace(settings.redis, timeout_s=10.0))
         try:
-            semantic = SemanticCache(redis, embedder, settings.resolve(options.index_schema))
-            tag = await reconcile(redis, VersionTag(redis), semantic)
-            await semantic.index(tag)
-            entries, variants = await load_faq(redis, embedder, tag, items, name, policy)
-            return tag, entries, variants
+            semantics = [SemanticCache(b.redis, embedder, settings.resolve(options.index_schema), keys=b.keys)
+                         for b in buckets.all]
+            versions = [VersionTag(b.redis, b.keys) for b in buckets.all]
+            for bucket, semantic, version in zip(buckets.all, semantics, versions, strict=True):
+                await reconcile(bucket.redis, version, semantic)
+            return await load_faq_in_buckets(buckets, semantics, versions, items, name, policy)
         finally:
-            await redis.aclose()
+            await buckets.aclose()
             embedder.close()
 
     from redis.exceptions import RedisError

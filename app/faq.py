@@ -17,23 +17,28 @@ import io
 import time
 from pathlib import Path
 
+from collections.abc import Sequence
+
 import msgspec
 import numpy as np
 import yaml
 from redis.asyncio import Redis
 
+from app.cache.buckets import Buckets
 from app.cache.entry import CacheEntry
 from app.cache.keys import (
     FIELD_ALIASES,
+    KEYS,
     OBS_CURATED,
     SOURCE_FAQ,
-    faq_key,
+    Keyspace,
     faq_scope_digest,
-    faq_set_key,
     normalize_text,
     observation_field,
 )
 from app.cache.learning import score_bin
+from app.cache.semantic import SemanticCache
+from app.cache.version import VersionTag
 from app.calibrate.pairs import read_utf8
 from app.embed import Embedder
 from app.policy import Policy
@@ -112,15 +117,17 @@ def _digest(*parts: str) -> str:
 
 
 async def load_faq(redis: Redis, embedder: Embedder, tag: str, items: list[FaqItem], name: str,
-                   policy: Policy) -> tuple[int, int]:
+                   policy: Policy, keys: Keyspace = KEYS) -> tuple[int, int]:
     """Write the entries and variants of one file under ``name``, replacing what it wrote before.
 
-    The semantic index of ``tag`` must exist. Returns (entries, variants) written.
+    The semantic index of ``tag`` must exist. On a cluster, called once per bucket with the
+    bucket's items (none: what the file wrote there before is removed). Returns (entries,
+    variants) written.
     """
     now = int(time.time())
     texts = [normalize_text(t) for item in items for t in (item.question, *item.variants)]
-    vectors = await embedder.embed(texts)
-    set_key = faq_set_key(tag, name)
+    vectors = await embedder.embed(texts) if texts else []
+    set_key = keys.faq_set_key(tag, name)
     old_keys = await redis.smembers(set_key)
     new_keys: list[str] = []
     position = 0
@@ -133,7 +140,7 @@ async def load_faq(redis: Redis, embedder: Embedder, tag: str, items: list[FaqIt
             category = policy.categories[item.category]
             longest = max(longest, category.ttl_seconds)
             question = normalize_text(item.question)
-            key = faq_key(tag, _digest(name, item.tenant, item.category, question))
+            key = keys.faq_key(tag, _digest(name, item.tenant, item.category, question))
             question_vector = vectors[position]
             position += 1
             common = {
@@ -146,7 +153,7 @@ async def load_faq(redis: Redis, embedder: Embedder, tag: str, items: list[FaqIt
                 text = normalize_text(variant)
                 vector = vectors[position]
                 position += 1
-                documents.append((faq_key(tag, _digest(name, item.tenant, item.category, question, text)),
+                documents.append((keys.faq_key(tag, _digest(name, item.tenant, item.category, question, text)),
                                   CacheEntry(question=text, embedding=_bytes(vector), **common)))
                 # The operator says the variant has the entry's answer: a positive observation, kept
                 # on the entry as `curated:<bin>`. It vouches for nothing: all-positive pairs chosen
@@ -159,10 +166,38 @@ async def load_faq(redis: Redis, embedder: Embedder, tag: str, items: list[FaqIt
                 pipe.expire(doc_key, entry.ttl_seconds)
                 new_keys.append(doc_key)
             pipe.hset(key, FIELD_ALIASES, len(item.variants))
-        pipe.sadd(set_key, *new_keys)
-        pipe.expire(set_key, longest)
+        if new_keys:
+            pipe.sadd(set_key, *new_keys)
+            pipe.expire(set_key, longest)
         await pipe.execute()
     return len(items), len(new_keys) - len(items)
+
+
+async def load_faq_in_buckets(buckets: Buckets, semantics: Sequence[SemanticCache], versions: Sequence[VersionTag],
+                              items: list[FaqItem], name: str, policy: Policy) -> tuple[str, int, int]:
+    """:func:`load_faq` into every bucket (the one Redis, or each bucket of a cluster), each item
+    into the bucket of its tenant and category, where that tenant's lookups search.
+
+    Args:
+        buckets: The buckets.
+        semantics: Each bucket's semantic layer, in the buckets' order.
+        versions: Each bucket's version tag, in the buckets' order.
+        items: The file's items.
+        name: The file's name.
+        policy: The categories.
+
+    Returns:
+        (the version tags, entries, variants) written.
+    """
+    tags, entries, variants = set(), 0, 0
+    for i, (bucket, semantic, version) in enumerate(zip(buckets.all, semantics, versions, strict=True)):
+        tag = await version.refresh()
+        await semantic.index(tag)
+        mine = [item for item in items if buckets.of(item.tenant, item.category) == i]
+        written = await load_faq(bucket.redis, semantic.embedder, tag, mine, name, policy, bucket.keys)
+        tags.add(tag)
+        entries, variants = entries + written[0], variants + written[1]
+    return ", ".join(sorted(tags)), entries, variants
 
 
 def _bytes(vector: np.ndarray) -> bytes:

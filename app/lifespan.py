@@ -11,17 +11,15 @@ from typing import Any
 
 from litestar import Litestar
 from redis.asyncio import Redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from app.auth import TenantResolver
 from app.cache.base import CACHE_ERRORS, CacheLayer
+from app.cache.buckets import Bucket, BucketedCache, Buckets, connect_redis, open_buckets
 from app.cache.embeddings import EmbeddingsCache
 from app.cache.exact import ExactCache
-from app.cache.invalidation import CacheInvalidator, sweep_stale_generations
+from app.cache.invalidation import BucketedInvalidator, CacheInvalidator, sweep_stale_generations
 from app.cache.judge import AnswerJudge
-from app.cache.keys import semantic_index_name
-from app.cache.layered import LayeredCache
+from app.cache.layered import LayeredCache, RequestCache
 from app.cache.learning import AnswerLearner
 from app.cache.semantic import SemanticCache, adopt_embedder, index_dims
 from app.cache.verify import CandidateCheck, load_verifier
@@ -33,7 +31,7 @@ from app.metrics import Metrics
 from app.pipeline import ChatPipeline
 from app.policy import Policy
 from app.relay import Relay
-from app.settings import RedisSettings, Settings
+from app.settings import Settings
 from app.singleflight import SingleFlight
 from app.token_caps import TokenCaps
 from app.upstream import Upstream
@@ -42,22 +40,38 @@ logger = logging.getLogger("strata.lifespan")
 
 
 @dataclass
+class BucketCache:
+    """The cache of one bucket (the whole Redis on a single node)."""
+
+    bucket: Bucket
+    versions: VersionTag
+    generations: ScopeGenerations
+    cache: LayeredCache
+    semantic: SemanticCache | None
+    invalidator: CacheInvalidator
+
+
+@dataclass
 class Resources:
     """Everything a request may need, built once per worker process."""
 
     settings: Settings
     policy: Policy
-    redis: Redis
+    # Keys outside any bucket: the Redis, or the RedisCluster client on a cluster (typed Any:
+    # Litestar's signature model takes no union of two classes).
+    redis: Any
     versions: VersionTag
     upstream: Upstream
     metrics: Metrics
     pipeline: ChatPipeline
-    cache: LayeredCache
+    cache: RequestCache
     tenants: TenantResolver
     hygiene: PromptHygiene | None
     rate_limiter: TenantRateLimiter
     invalidator: CacheInvalidator
     embeddings: EmbeddingsCache | None
+    buckets: Buckets
+    bucket_caches: list[BucketCache]
     semantic: SemanticCache | None = None
     embedder: BatchingEmbedder | None = None
     background: set[asyncio.Task[Any]] = field(default_factory=set)
@@ -75,19 +89,6 @@ class Resources:
         task.add_done_callback(_done)
 
 
-def connect_redis(settings: RedisSettings) -> Redis:
-    """A Redis client that fails fast: a slow or absent Redis must cost a miss, not a stall."""
-    return Redis.from_url(
-        settings.url,
-        socket_timeout=settings.timeout_s,
-        socket_connect_timeout=settings.timeout_s,
-        max_connections=settings.max_connections,
-        # One immediate retry: it replaces a pooled connection that died with a Redis restart.
-        retry=Retry(NoBackoff(), 1),
-        health_check_interval=30,
-    )
-
-
 async def build_resources(settings: Settings, encoder: Encoder | None = None) -> Resources:
     """Build every resource of one worker.
 
@@ -96,13 +97,10 @@ async def build_resources(settings: Settings, encoder: Encoder | None = None) ->
         encoder: An already loaded embedding model to use instead of loading the configured one.
     """
     policy = Policy.load(settings.resolve(settings.policy_file))
-    redis = connect_redis(settings.redis)
-    versions = VersionTag(redis)
-    generations = ScopeGenerations(redis)
+    buckets = await open_buckets(settings.redis)
     upstream = Upstream(settings.upstream)
     metrics = Metrics()
-    layers: list[CacheLayer] = [ExactCache(redis)]
-    semantic = embedder = learner = None
+    embedder = check = verifier = judge = None
     options = settings.semantic
     if options.enabled:
         if encoder is None:
@@ -121,26 +119,49 @@ async def build_resources(settings: Settings, encoder: Encoder | None = None) ->
         verifier = load_verifier(settings)
         judge = AnswerJudge(upstream, options.judge_timeout_s, options.judge_model)
         check = CandidateCheck(verifier, confirm=judge, on_verdict=metrics.verdict)
-        semantic = SemanticCache(redis, embedder, settings.resolve(options.index_schema), check,
-                                 learning_refresh_s=options.learning_refresh_s)
-        layers.append(semantic)
-        learner = AnswerLearner(redis, embedder, verifier.analyzer, judge=judge, documents_of=semantic.documents_of)
-    cache = LayeredCache(versions, layers, metrics, lookup_timeout_s=settings.lookup_timeout_s,
-                         judge_timeout_s=options.judge_timeout_s, learner=learner,
-                         max_learning=options.learning_max_pending, generations=generations)
-    flight = SingleFlight(redis, metrics, lease_s=settings.singleflight_lease_s, poll_s=settings.singleflight_poll_s)
-    caps = TokenCaps(redis, settings.limits, metrics)
-    pipeline = ChatPipeline(limits=settings.limits, cache=cache, relay=Relay(upstream, cache, metrics, caps),
+    bucket_caches = []
+    for bucket in buckets.all:
+        redis, keys = bucket.redis, bucket.keys
+        versions = VersionTag(redis, keys)
+        generations = ScopeGenerations(redis, keys)
+        layers: list[CacheLayer] = [ExactCache(redis, keys)]
+        semantic = learner = None
+        if embedder is not None:
+            assert verifier is not None
+            semantic = SemanticCache(redis, embedder, settings.resolve(options.index_schema), check,
+                                     learning_refresh_s=options.learning_refresh_s, keys=keys)
+            layers.append(semantic)
+            learner = AnswerLearner(redis, embedder, verifier.analyzer, judge=judge,
+                                    documents_of=semantic.documents_of, keys=keys)
+        cache = LayeredCache(versions, layers, metrics, lookup_timeout_s=settings.lookup_timeout_s,
+                             judge_timeout_s=options.judge_timeout_s, learner=learner,
+                             max_learning=options.learning_max_pending, generations=generations)
+        invalidator = CacheInvalidator(redis, versions, generations, policy, semantic, audit=buckets.shared)
+        bucket_caches.append(BucketCache(bucket, versions, generations, cache, semantic, invalidator))
+    home = bucket_caches[0]
+    if buckets.clustered:
+        layered: RequestCache = BucketedCache(buckets, [b.cache for b in bucket_caches])
+        invalidator = BucketedInvalidator(buckets, [b.invalidator for b in bucket_caches])
+    else:
+        layered, invalidator = home.cache, home.invalidator
+    # Leases, L4's statistics and usage counts are single keys: the cluster client routes them.
+    flight = SingleFlight(buckets.shared, metrics, lease_s=settings.singleflight_lease_s,
+                          poll_s=settings.singleflight_poll_s)
+    caps = TokenCaps(buckets.shared, settings.limits, metrics)
+    pipeline = ChatPipeline(limits=settings.limits, cache=layered, relay=Relay(upstream, layered, metrics, caps),
                             metrics=metrics, flight=flight, caps=caps)
     tenants = TenantResolver(settings.resolve(settings.keys_file) if settings.keys_file else None)
     hygiene = None if settings.prompt_hygiene == "off" else PromptHygiene.load(settings.resolve(settings.prompt_hygiene_file))
     limits = settings.limits
     rate_limiter = TenantRateLimiter(limits.tenant_rps, limits.tenant_burst or limits.tenant_rps, settings.workers)
     return Resources(
-        settings=settings, policy=policy, redis=redis, versions=versions, upstream=upstream, metrics=metrics,
-        pipeline=pipeline, cache=cache, tenants=tenants, hygiene=hygiene, rate_limiter=rate_limiter, semantic=semantic, embedder=embedder,
-        invalidator=CacheInvalidator(redis, versions, generations, policy, semantic),
-        embeddings=EmbeddingsCache(redis, versions, settings.embeddings_ttl_s) if settings.embeddings_ttl_s > 0 else None,
+        settings=settings, policy=policy, redis=buckets.shared, versions=home.versions, upstream=upstream,
+        metrics=metrics, pipeline=pipeline, cache=layered, tenants=tenants, hygiene=hygiene, rate_limiter=rate_limiter,
+        semantic=home.semantic, embedder=embedder, invalidator=invalidator, buckets=buckets,
+        bucket_caches=bucket_caches,
+        # /v1/embeddings responses live in the first bucket on a cluster (one script: version + entry).
+        embeddings=EmbeddingsCache(home.bucket.redis, home.versions, settings.embeddings_ttl_s)
+        if settings.embeddings_ttl_s > 0 else None,
     )
 
 
@@ -152,8 +173,8 @@ async def reconcile(redis: Redis, versions: VersionTag, semantic: SemanticCache 
         return current
     embedder = semantic.embedder
     fingerprint = f"{embedder.name}:{embedder.dims}"
-    previous = await adopt_embedder(redis, fingerprint)
-    existing_dims = await index_dims(redis, semantic_index_name(current))
+    previous = await adopt_embedder(redis, fingerprint, versions.keys)
+    existing_dims = await index_dims(redis, versions.keys.semantic_index_name(current))
     if previous is None and existing_dims in (None, embedder.dims):
         return current
     logger.warning(
@@ -163,32 +184,45 @@ async def reconcile(redis: Redis, versions: VersionTag, semantic: SemanticCache 
     return new
 
 
-async def sweep_after(resources: Resources, current: str) -> None:
+async def sweep_after(bucket: BucketCache, current: str) -> None:
     try:
-        await sweep_stale_versions(resources.redis, current)
+        await sweep_stale_versions(bucket.bucket.redis, current, keys=bucket.bucket.keys)
     except CACHE_ERRORS as exc:
         logger.warning("sweep of stale versions failed (entries still expire by TTL): %r", exc)
 
 
+async def sweep_versions_after(resources: Resources) -> None:
+    """After a bump: each bucket's stale versions (the versions of all buckets move together)."""
+    for bucket in resources.bucket_caches:
+        try:
+            current = await bucket.versions.refresh()
+        except CACHE_ERRORS as exc:
+            logger.warning("sweep of stale versions failed (entries still expire by TTL): %r", exc)
+        else:
+            await sweep_after(bucket, current)
+
+
 async def sweep_generations_after(resources: Resources) -> None:
-    try:
-        await sweep_stale_generations(resources.redis, await resources.versions.refresh())
-    except CACHE_ERRORS as exc:
-        logger.warning("sweep of invalidated scopes failed (entries still expire by TTL): %r", exc)
+    for bucket in resources.bucket_caches:
+        try:
+            await sweep_stale_generations(bucket.bucket.redis, await bucket.versions.refresh(), keys=bucket.bucket.keys)
+        except CACHE_ERRORS as exc:
+            logger.warning("sweep of invalidated scopes failed (entries still expire by TTL): %r", exc)
 
 
 @asynccontextmanager
 async def lifespan(app: Litestar) -> AsyncIterator[None]:
     resources: Resources = await app.state.resources_factory()
     app.state.resources = resources
-    try:
-        current = await reconcile(resources.redis, resources.versions, resources.semantic)
-    except CACHE_ERRORS as exc:
-        # Start anyway: the service answers from the upstream until Redis is back.
-        logger.warning("Redis is unavailable at start-up, serving without cache: %r", exc)
-    else:
-        logger.info("cache version %s", current)
-        resources.spawn(sweep_after(resources, current), "sweep-stale-versions")
+    for bucket in resources.bucket_caches:
+        try:
+            current = await reconcile(bucket.bucket.redis, bucket.versions, bucket.semantic)
+        except CACHE_ERRORS as exc:
+            # Start anyway: the service answers from the upstream until Redis is back.
+            logger.warning("Redis (%s) is unavailable at start-up, serving without cache: %r", bucket.bucket.address, exc)
+        else:
+            logger.info("cache version %s (%s)", current, bucket.bucket.keys.namespace)
+            resources.spawn(sweep_after(bucket, current), f"sweep-stale-versions {bucket.bucket.keys.namespace}")
     resources.spawn(resources.metrics.usage.run(resources.redis, CACHE_ERRORS), "usage-counts")
     prefix_cache = await resources.upstream.prefix_cache()
     logger.info("upstream prefix-cache metrics: %s",
@@ -205,6 +239,6 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
             task.cancel()
         await asyncio.gather(*resources.background, return_exceptions=True)
         await resources.upstream.close()
-        await resources.redis.aclose()
+        await resources.buckets.aclose()
         if resources.embedder is not None:
             resources.embedder.close()

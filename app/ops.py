@@ -52,26 +52,36 @@ def table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
 
 @asynccontextmanager
 async def _invalidator(settings: Settings, *, with_semantic: bool) -> AsyncIterator[Any]:
-    from app.cache.invalidation import CacheInvalidator
+    """The invalidator of the configured Redis (every bucket's, on a cluster)."""
+    from app.cache.buckets import open_buckets
+    from app.cache.invalidation import BucketedInvalidator, CacheInvalidator
     from app.cache.version import ScopeGenerations, VersionTag
-    from app.lifespan import connect_redis
     from app.policy import Policy
 
     policy = Policy.load(settings.resolve(settings.policy_file))
-    redis = connect_redis(msgspec.structs.replace(settings.redis, timeout_s=10.0))
-    embedder = semantic = None
+    buckets = await open_buckets(msgspec.structs.replace(settings.redis, timeout_s=10.0))
+    embedder = None
     try:
         if with_semantic and settings.semantic.enabled:
-            from app.cache.semantic import SemanticCache
             from app.embed import BatchingEmbedder, load_encoder
 
             options = settings.semantic
             encoder = await asyncio.to_thread(load_encoder, options.embedder, options.embedder_model)
             embedder = BatchingEmbedder(encoder)
-            semantic = SemanticCache(redis, embedder, settings.resolve(options.index_schema))
-        yield CacheInvalidator(redis, VersionTag(redis), ScopeGenerations(redis), policy, semantic)
+        each = []
+        for bucket in buckets.all:
+            semantic = None
+            if embedder is not None:
+                from app.cache.semantic import SemanticCache
+
+                semantic = SemanticCache(bucket.redis, embedder, settings.resolve(settings.semantic.index_schema),
+                                         keys=bucket.keys)
+            each.append(CacheInvalidator(bucket.redis, VersionTag(bucket.redis, bucket.keys),
+                                         ScopeGenerations(bucket.redis, bucket.keys), policy, semantic,
+                                         audit=buckets.shared))
+        yield BucketedInvalidator(buckets, each) if buckets.clustered else each[0], each
     finally:
-        await redis.aclose()
+        await buckets.aclose()
         if embedder is not None:
             embedder.close()
 
@@ -90,13 +100,15 @@ def cmd_invalidate(args: argparse.Namespace, settings: Settings) -> int:
         return _fail("--all goes alone")
 
     async def go() -> tuple[Any, int]:
-        async with _invalidator(settings, with_semantic=what.kind in ("question", "key")) as invalidator:
+        async with _invalidator(settings, with_semantic=what.kind in ("question", "key")) as (invalidator, each):
             done = await invalidator.invalidate(what, who=_operator())
             swept = 0
-            if done.kind == "everything":
-                swept = await sweep_stale_versions(invalidator.redis, done.version)
-            elif done.kind == "scope":
-                swept = await sweep_stale_generations(invalidator.redis, await invalidator.versions.refresh())
+            for bucket in each if done.kind in ("everything", "scope") else ():
+                current = await bucket.versions.refresh()
+                if done.kind == "everything":
+                    swept += await sweep_stale_versions(bucket.redis, current, keys=bucket.versions.keys)
+                else:
+                    swept += await sweep_stale_generations(bucket.redis, current, keys=bucket.versions.keys)
             return done, swept
 
     try:
@@ -123,7 +135,7 @@ def cmd_audit(args: argparse.Namespace, settings: Settings) -> int:
         return _fail("--count must be between 1 and 10000")
 
     async def go() -> list[dict[str, str]]:
-        async with _invalidator(settings, with_semantic=False) as invalidator:
+        async with _invalidator(settings, with_semantic=False) as (invalidator, _):
             return await invalidator.audit(args.count)
 
     try:
@@ -141,23 +153,28 @@ def cmd_audit(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-async def collect_stats(redis: Any, tag: str, top: int) -> dict[str, Any]:
-    """Entries, aliases, curated answers and memory per (category, tenant) of version ``tag``,
-    requests by category and outcome over the last hour, and the most-hit questions."""
+async def collect_stats(buckets: list[tuple[Any, Any, str]], shared: Any, top: int) -> dict[str, Any]:
+    """Entries, aliases, curated answers and memory per (category, tenant) of the current
+    version, requests by category and outcome over the last hour, and the most-hit questions.
+
+    Args:
+        buckets: (Redis, keyspace, current version tag) of each bucket (one on a single Redis).
+        shared: The Redis of the usage counts.
+        top: Most-hit questions listed.
+    """
     from app.cache.keys import (
         FIELD_CATEGORY,
         FIELD_HITS,
         FIELD_QUESTION,
         FIELD_ROOT,
         FIELD_TENANT,
-        exact_prefix,
-        semantic_prefix,
     )
     from app.cache.usage import last_hour
 
     groups: dict[tuple[str, str], dict[str, int]] = {}
     hits: list[tuple[int, str, str, str]] = []
-    for prefix in (exact_prefix(tag), semantic_prefix(tag)):
+    scanned = [(redis, prefix) for redis, keys, tag in buckets for prefix in (keys.exact_prefix(tag), keys.semantic_prefix(tag))]
+    for redis, prefix in scanned:
         layer = "exact" if prefix.endswith(":exact:") else "semantic"
         keys = [k async for k in redis.scan_iter(match=prefix + "*", count=1000)]
         for start in range(0, len(keys), 500):
@@ -183,13 +200,13 @@ async def collect_stats(redis: Any, tag: str, top: int) -> dict[str, Any]:
                     group[layer] += 1
                 if hit_count and int(hit_count) > 0:
                     hits.append((int(hit_count), (question or b"").decode(), layer, name))
-    usage = await last_hour(redis)
+    usage = await last_hour(shared)
     by_category: dict[str, dict[str, int]] = {}
     for (category, outcome), count in usage.items():
         by_category.setdefault(category, {})[outcome] = count
     hits.sort(key=lambda h: (-h[0], h[3]))
     return {
-        "version": tag,
+        "version": ", ".join(sorted({tag for _, _, tag in buckets})),
         "entries": [{"category": c, "tenant": t, **g} for (c, t), g in sorted(groups.items())],
         "last_hour": [{"category": c, "requests": sum(o.values()), **o} for c, o in sorted(by_category.items())],
         "most_hit": [{"hits": n, "question": q, "layer": layer, "key": k} for n, q, layer, k in hits[:top]],
@@ -204,8 +221,9 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
     from redis.exceptions import RedisError
 
     async def go() -> dict[str, Any]:
-        async with _invalidator(settings, with_semantic=False) as invalidator:
-            return await collect_stats(invalidator.redis, await invalidator.versions.refresh(), args.top)
+        async with _invalidator(settings, with_semantic=False) as (invalidator, each):
+            return await collect_stats([(b.redis, b.versions.keys, await b.versions.refresh()) for b in each],
+                                       invalidator.audit_redis, args.top)
 
     try:
         stats = asyncio.run(go())
@@ -252,7 +270,11 @@ async def describe_entry(redis: Any, semantic: Any, key: str) -> dict[str, Any]:
 
     root = text.get(FIELD_ROOT)
     if semantic is not None and ":sem:" in key and root:
-        documents = sorted(await semantic.documents_of(key.split(":")[1], root))
+        from app.cache.invalidation import ENTRY_KEY
+
+        match = ENTRY_KEY.match(key)
+        assert match is not None  # checked by the caller
+        documents = sorted(await semantic.documents_of(match["tag"], root))
         async with redis.pipeline(transaction=False) as pipe:
             for document in documents:
                 pipe.hget(document, FIELD_QUESTION)
@@ -273,14 +295,15 @@ def cmd_inspect(args: argparse.Namespace, settings: Settings) -> int:
         return _fail(f"not a Strata entry key: {args.key!r}")
 
     async def go() -> dict[str, Any]:
-        async with _invalidator(settings, with_semantic=True) as invalidator:
+        async with _invalidator(settings, with_semantic=True) as (invalidator, _):
             key = args.key
             if key is None:
                 what = Invalidation(question=args.question, model=args.model, category=args.category,
                                     tenant=args.tenant, system=args.system)
                 invalidator.check(what)
                 key = await invalidator.entry_of_question(what)
-            return await describe_entry(invalidator.redis, invalidator.semantic, key)
+            home = invalidator.for_key(key)
+            return await describe_entry(home.redis, home.semantic, key)
 
     try:
         described = asyncio.run(go())

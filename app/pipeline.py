@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 
 from app.cache.base import CacheHit
-from app.cache.keys import canonicalize, lease_key
-from app.cache.layered import CacheMode, CachePlan, LayeredCache
+from app.cache.keys import canonicalize
+from app.cache.layered import CacheMode, CachePlan, RequestCache
 from app.chat import ChatCall, ChatResult, Outcome
 from app.errors import StrataError
 from app.metrics import Metrics
@@ -36,7 +36,7 @@ class ChatPipeline:
         caps: L4, the learnt ``max_tokens`` of requests that name none; ``None``: the default.
     """
 
-    def __init__(self, *, limits: LimitSettings, cache: LayeredCache, relay: Relay, metrics: Metrics,
+    def __init__(self, *, limits: LimitSettings, cache: RequestCache, relay: Relay, metrics: Metrics,
                  flight: SingleFlight | None = None, caps: TokenCaps | None = None) -> None:
         self._limits = limits
         self._caps = caps
@@ -83,7 +83,7 @@ class ChatPipeline:
             query = plan.query
             try:
                 exchange.ticket = await self._flight.coalesce(
-                    lease_key(query.version, query.entry_digest), lambda: self._cache.read_exact(query)
+                    self._cache.lease_key(query), lambda: self._cache.read_exact(query)
                 )
             except StrataError:
                 self._metrics.finish(Outcome.ERROR, started, call.category.name)

@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from app.cache.layered import CachePlan, LayeredCache
+from app.cache.layered import CachePlan, RequestCache
 from app.chat import ChatResult, Outcome
 from app.errors import StrataError, UpstreamUnavailable
 from app.metrics import Metrics
@@ -52,7 +52,7 @@ class Exchange(msgspec.Struct, kw_only=True):
 class Relay:
     """Asks the upstream for one exchange and writes its complete answer back."""
 
-    def __init__(self, upstream: Upstream, cache: LayeredCache, metrics: Metrics, caps: TokenCaps | None = None) -> None:
+    def __init__(self, upstream: Upstream, cache: RequestCache, metrics: Metrics, caps: TokenCaps | None = None) -> None:
         self._upstream = upstream
         self._cache = cache
         self._metrics = metrics

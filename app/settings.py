@@ -27,6 +27,13 @@ class RedisSettings(msgspec.Struct, frozen=True, kw_only=True):
     # Bounds every Redis call; a slower Redis is treated as a cache miss, not an outage.
     timeout_s: float = field(default=0.25, name="redis_timeout_s")
     max_connections: int = field(default=64, name="redis_max_connections")
+    # On a Redis Cluster (``redis+cluster://``): how many buckets the cache is split into; 0 = 3 x
+    # the masters. Fixed by the first instance that starts (``strata:meta:buckets``).
+    buckets: int = field(default=0, name="redis_buckets")
+
+    @property
+    def cluster(self) -> bool:
+        return self.url.startswith("redis+cluster://")
 
 
 class UpstreamSettings(msgspec.Struct, frozen=True, kw_only=True):

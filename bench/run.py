@@ -148,10 +148,10 @@ def seed_evidence(redis_url: str, category: str) -> None:
     every score), so its decision serves: the benchmark measures the decision's cost, not learning."""
     import redis
 
-    from app.cache.keys import observation_field, observations_key
+    from app.cache.keys import KEYS, observation_field
 
     client = redis.Redis.from_url(redis_url)
-    client.hset(observations_key("v1", category), mapping={observation_field("ok", b): 10_000 for b in range(160)})
+    client.hset(KEYS.observations_key("v1", category), mapping={observation_field("ok", b): 10_000 for b in range(160)})
     client.close()
 
 

@@ -10,7 +10,7 @@ from litestar import Controller, Request, get, post
 
 from app.cache.invalidation import Invalidation, InvalidationError, NothingThere
 from app.errors import Forbidden, InvalidRequest, NotFound, Unauthorized
-from app.lifespan import Resources, sweep_after, sweep_generations_after
+from app.lifespan import Resources, sweep_generations_after, sweep_versions_after
 
 
 def require_admin(request: Request, resources: Resources) -> None:
@@ -62,7 +62,7 @@ class AdminController(Controller):
             raise NotFound(str(exc), code="nothing_to_invalidate") from exc
         if done.kind == "everything":
             assert done.version is not None
-            resources.spawn(sweep_after(resources, done.version), f"sweep-{done.version}")
+            resources.spawn(sweep_versions_after(resources), f"sweep-{done.version}")
             previous = done.target.split(" ")[1]
             return {"previous_version": previous, "version": done.version}
         if done.kind == "scope":

@@ -21,8 +21,6 @@ from app.cache.keys import (
     FIELD_HITS,
     FIELD_MODEL,
     FIELD_TENANT,
-    VERSION_KEY,
-    embeddings_key,
 )
 from app.cache.version import VersionTag
 
@@ -67,8 +65,8 @@ class EmbeddingsCache:
         (counting the hit), ``None`` on a miss."""
         for _ in range(2):
             tag = self._versions.known or await self._versions.refresh()
-            key = embeddings_key(tag, digest)
-            found = await self._lookup(keys=[VERSION_KEY, key], args=[tag[1:]])
+            key = self._versions.keys.embeddings_key(tag, digest)
+            found = await self._lookup(keys=[self._versions.keys.version_key, key], args=[tag[1:]])
             if found[0] == 1:
                 return key, found[1] if len(found) > 1 else None
             await self._versions.refresh()  # bumped meanwhile: look under the new version

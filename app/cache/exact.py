@@ -6,7 +6,7 @@ from redis.asyncio import Redis
 
 from app.cache.base import CacheHit, CacheQuery
 from app.cache.entry import CacheEntry, write_entry
-from app.cache.keys import FIELD_ANSWER, FIELD_HITS, SCOPES_KEY, VERSION_KEY, exact_prefix, scope_fields
+from app.cache.keys import FIELD_ANSWER, FIELD_HITS, KEYS, Keyspace, scope_fields
 from app.cache.version import StaleScope, StaleVersion
 
 EXACT = "exact"
@@ -27,8 +27,8 @@ return {{1, answer}}
 """
 
 
-def exact_key(query: CacheQuery) -> str:
-    return exact_prefix(query.version) + query.entry_digest
+def exact_key(query: CacheQuery, keys: Keyspace = KEYS) -> str:
+    return keys.exact_prefix(query.version) + query.entry_digest
 
 
 class ExactCache:
@@ -36,8 +36,9 @@ class ExactCache:
 
     name = EXACT
 
-    def __init__(self, redis: Redis) -> None:
+    def __init__(self, redis: Redis, keys: Keyspace = KEYS) -> None:
         self._redis = redis
+        self._keys = keys
         self._lookup = redis.register_script(_LOOKUP_SCRIPT)
 
     async def lookup(self, query: CacheQuery) -> CacheHit | None:
@@ -49,7 +50,7 @@ class ExactCache:
         """
         number = query.version[1:]
         fields = scope_fields(query.category.name, query.canonical.tenant)
-        found, value = await self._lookup(keys=[VERSION_KEY, exact_key(query), SCOPES_KEY],
+        found, value = await self._lookup(keys=[self._keys.version_key, exact_key(query, self._keys), self._keys.scopes_key],
                                           args=[number, query.generation, *fields])
         if found == 0:
             raise StaleVersion(value)
@@ -60,4 +61,4 @@ class ExactCache:
         return CacheHit(layer=self.name, completion=value)
 
     async def store(self, query: CacheQuery, completion: bytes) -> None:
-        await write_entry(self._redis, exact_key(query), CacheEntry.for_query(query, completion))
+        await write_entry(self._redis, exact_key(query, self._keys), CacheEntry.for_query(query, completion))

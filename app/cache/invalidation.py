@@ -13,12 +13,14 @@ import asyncio
 import logging
 import re
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 from redis.asyncio import Redis
 
 from app.cache.base import CacheHit, CacheQuery
+from app.cache.buckets import Buckets
 from app.cache.exact import exact_key
 from app.cache.keys import (
     AUDIT_KEY,
@@ -26,15 +28,13 @@ from app.cache.keys import (
     FIELD_GENERATION,
     FIELD_ROOT,
     FIELD_TENANT,
+    KEYS,
     NAMESPACE,
     NO_GENERATION,
-    SCOPES_KEY,
+    Keyspace,
     canonicalize,
-    exact_prefix,
-    faq_set_key,
     generation_of,
     scope_fields,
-    semantic_prefix,
 )
 from app.cache.semantic import SemanticCache
 from app.cache.version import ScopeGenerations, VersionTag
@@ -45,8 +45,11 @@ logger = logging.getLogger("strata.invalidation")
 
 # Audit entries kept (approximately: XADD MAXLEN ~ trims whole macro nodes).
 AUDIT_MAX_LEN = 10_000
-# An entry key as Strata writes it: exact or semantic, a sha256 or a curated answer's.
-ENTRY_KEY = re.compile(rf"^{NAMESPACE}:v[1-9][0-9]*:(exact|sem):(faq-)?[0-9a-f]{{64}}$")
+# An entry key as Strata writes it: exact or semantic, a sha256 or a curated answer's; in a
+# cluster bucket's keyspace (``strata:{b3}:v1:...``) on a cluster.
+ENTRY_KEY = re.compile(
+    rf"^(?P<namespace>{NAMESPACE}(?::\{{[A-Za-z0-9]+\}})?):(?P<tag>v[1-9][0-9]*):(exact|sem):(faq-)?[0-9a-f]{{64}}$"
+)
 FAQ_SET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -105,19 +108,21 @@ class Invalidated(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class CacheInvalidator:
-    """Carries out invalidations against one Redis.
+    """Carries out invalidations against one Redis (or one cluster bucket).
 
     Args:
-        redis: The Redis the cache lives in.
-        versions: The global version tag.
+        redis: The Redis the cache lives in (a bucket's master).
+        versions: The version tag (its keyspace is the one invalidated).
         generations: The (category, tenant) generations.
         policy: The categories (names are checked against it).
         semantic: The semantic layer, to find a question's entry; ``None`` without one.
+        audit: Where the audit stream lives; ``redis`` when ``None`` (on a cluster, the cluster client).
     """
 
     def __init__(self, redis: Redis, versions: VersionTag, generations: ScopeGenerations, policy: Policy,
-                 semantic: SemanticCache | None) -> None:
+                 semantic: SemanticCache | None, audit: Redis | None = None) -> None:
         self._redis = redis
+        self._audit = redis if audit is None else audit
         self._versions = versions
         self._generations = generations
         self._policy = policy
@@ -126,6 +131,11 @@ class CacheInvalidator:
     @property
     def redis(self) -> Redis:
         return self._redis
+
+    @property
+    def audit_redis(self) -> Redis:
+        """Where the audit stream and the other keys outside any bucket live."""
+        return self._audit
 
     @property
     def versions(self) -> VersionTag:
@@ -163,6 +173,15 @@ class CacheInvalidator:
             NothingThere: A key or question with no entry (nothing is changed).
         """
         self.check(what)
+        done = await self.carry_out(what)
+        await self._audit.xadd(AUDIT_KEY, {"who": who, "kind": done.kind, "target": done.target, "deleted": done.deleted,
+                                           "request": msgspec.json.encode(what).decode(), "at": int(time.time())},
+                               maxlen=AUDIT_MAX_LEN, approximate=True)
+        logger.info("invalidated %s %s by %s (%d deleted)", done.kind, done.target, who, done.deleted)
+        return done
+
+    async def carry_out(self, what: Invalidation) -> Invalidated:
+        """Invalidate a checked target in this keyspace, without recording it."""
         kind = what.kind
         if kind == "everything":
             previous, current = await self._versions.bump()
@@ -179,15 +198,15 @@ class CacheInvalidator:
         else:
             assert what.faq is not None
             done = Invalidated(kind=kind, target=what.faq, deleted=await self._delete_faq(what.faq))
-        await self._redis.xadd(AUDIT_KEY, {"who": who, "kind": kind, "target": done.target, "deleted": done.deleted,
-                                           "request": msgspec.json.encode(what).decode(), "at": int(time.time())},
-                               maxlen=AUDIT_MAX_LEN, approximate=True)
-        logger.info("invalidated %s %s by %s (%d deleted)", kind, done.target, who, done.deleted)
         return done
+
+    def for_key(self, key: str) -> CacheInvalidator:
+        """The invalidator of the keyspace holding ``key`` (this one on a single Redis)."""
+        return self
 
     async def audit(self, count: int = 50) -> list[dict[str, str]]:
         """The latest invalidations, newest first."""
-        rows = await self._redis.xrevrange(AUDIT_KEY, count=count)
+        rows = await self._audit.xrevrange(AUDIT_KEY, count=count)
         return [{"id": _text(entry_id), **{_text(k): _text(v) for k, v in fields.items()}} for entry_id, fields in rows]
 
     async def _delete_entry(self, key: str) -> int:
@@ -197,7 +216,9 @@ class CacheInvalidator:
             raise NothingThere(f"no entry {key}")
         keys = {key, root}
         if self._semantic is not None and ":sem:" in key:
-            keys |= await self._semantic.documents_of(key.split(":")[1], root)
+            match = ENTRY_KEY.match(key)
+            assert match is not None  # checked
+            keys |= await self._semantic.documents_of(match["tag"], root)
         return int(await self._redis.unlink(*keys))
 
     async def entry_of_question(self, what: Invalidation) -> str:
@@ -216,7 +237,7 @@ class CacheInvalidator:
         version = await self._versions.refresh()
         generation = await self._generations.refresh(category.name, tenant)
         query = CacheQuery(canonical=canonical, category=category, version=version, generation=generation)
-        key = exact_key(query)
+        key = exact_key(query, self._versions.keys)
         if await self._redis.exists(key):
             return key
         if self._semantic is not None:
@@ -227,7 +248,7 @@ class CacheInvalidator:
 
     async def _delete_faq(self, name: str) -> int:
         tag = await self._versions.refresh()
-        set_key = faq_set_key(tag, name)
+        set_key = self._versions.keys.faq_set_key(tag, name)
         keys = await self._redis.smembers(set_key)
         if not keys:
             raise NothingThere(f"no curated answers loaded under {name!r}")
@@ -238,7 +259,55 @@ class CacheInvalidator:
         return int(deleted)
 
 
-async def sweep_stale_generations(redis: Redis, tag: str, *, batch: int = 500) -> int:
+class BucketedInvalidator(CacheInvalidator):
+    """Invalidations on a Redis Cluster: a version bump or a scope moves every bucket's copy,
+    a key, a question or a file goes to the buckets that can hold it. Audited once.
+
+    Args:
+        buckets: The buckets.
+        invalidators: One invalidator per bucket, in the buckets' order.
+    """
+
+    def __init__(self, buckets: Buckets, invalidators: Sequence[CacheInvalidator]) -> None:
+        first = invalidators[0]
+        super().__init__(first.redis, first.versions, first._generations, first._policy, first.semantic,
+                         audit=buckets.shared)
+        self._buckets = buckets
+        self._each = tuple(invalidators)
+
+    def for_key(self, key: str) -> CacheInvalidator:
+        index = self._buckets.holding(key)
+        if index is None:
+            raise NothingThere(f"no bucket of this cluster holds {key}")
+        return self._each[index]
+
+    async def entry_of_question(self, what: Invalidation) -> str:
+        category = self._policy.get(what.category)
+        assert category is not None  # checked
+        return await self._each[self._buckets.of(what.tenant or "default", category.name)].entry_of_question(what)
+
+    async def carry_out(self, what: Invalidation) -> Invalidated:
+        kind = what.kind
+        if kind in ("everything", "scope"):
+            # Each bucket's lookups check their own copy atomically: no bucket is half-invalidated.
+            done = await asyncio.gather(*(each.carry_out(what) for each in self._each))
+            first = done[0]
+            return Invalidated(kind=kind, target=f"{first.target} in {len(done)} buckets", version=first.version,
+                               generation_field=first.generation_field)
+        if kind in ("key", "question"):
+            key = what.key if what.key is not None else await self.entry_of_question(what)
+            return Invalidated(kind=kind, target=key, deleted=await self.for_key(key)._delete_entry(key))
+        results = await asyncio.gather(*(each.carry_out(what) for each in self._each), return_exceptions=True)
+        failures = [r for r in results if isinstance(r, BaseException) and not isinstance(r, NothingThere)]
+        if failures:
+            raise failures[0]
+        found = [r for r in results if isinstance(r, Invalidated)]
+        if not found:
+            raise NothingThere(f"no curated answers loaded under {what.faq!r}")
+        return Invalidated(kind=kind, target=found[0].target, deleted=sum(r.deleted for r in found))
+
+
+async def sweep_stale_generations(redis: Redis, tag: str, *, keys: Keyspace = KEYS, batch: int = 500) -> int:
     """Delete the entries of version ``tag`` stored under an older generation of their scope.
 
     Runs in the background after a targeted invalidation; they are unreachable already, and
@@ -249,10 +318,10 @@ async def sweep_stale_generations(redis: Redis, tag: str, *, batch: int = 500) -
     """
     generations: dict[tuple[str, str], str] = {}
     deleted = 0
-    for prefix in (exact_prefix(tag), semantic_prefix(tag)):
-        keys = [k async for k in redis.scan_iter(match=prefix + "*", count=1000) if b":faq-" not in k]
-        for start in range(0, len(keys), batch):
-            chunk = keys[start:start + batch]
+    for prefix in (keys.exact_prefix(tag), keys.semantic_prefix(tag)):
+        found = [k async for k in redis.scan_iter(match=prefix + "*", count=1000) if b":faq-" not in k]
+        for start in range(0, len(found), batch):
+            chunk = found[start:start + batch]
             async with redis.pipeline(transaction=False) as pipe:
                 for key in chunk:
                     pipe.hmget(key, [FIELD_CATEGORY, FIELD_TENANT, FIELD_GENERATION])
@@ -263,7 +332,7 @@ async def sweep_stale_generations(redis: Redis, tag: str, *, batch: int = 500) -
                     continue  # gone meanwhile
                 scope = (_text(category), _text(tenant))
                 if scope not in generations:
-                    generations[scope] = generation_of(await redis.hmget(SCOPES_KEY, list(scope_fields(*scope))))
+                    generations[scope] = generation_of(await redis.hmget(keys.scopes_key, list(scope_fields(*scope))))
                 if (_text(stored) or NO_GENERATION) != generations[scope]:
                     stale.append(key)
             if stale:

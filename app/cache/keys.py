@@ -3,6 +3,7 @@
 Redis key layout (every name readable with ``redis-cli``)::
 
     strata:meta:version            STRING  current version number N; the tag is "vN"
+    strata:meta:embedder           STRING  the embedder of the stored vectors (another one bumps N)
     strata:meta:scopes             HASH    invalidation counters: category:<c>, tenant:<t>,
                                            category:<c>|tenant:<t> (absent = 0); see app/cache/version.py
     strata:meta:audit              STREAM  every invalidation: who, what, when (capped)
@@ -17,6 +18,15 @@ Redis key layout (every name readable with ``redis-cli``)::
                                            capped, cut), for the learned max_tokens
     strata:vN:sem:faq-<sha256>     HASH    a curated answer (`strata faq load`), or one of its variants
     strata:vN:faqset:<name>        SET     the keys one `strata faq load` file wrote (replaced on reload)
+
+On a Redis Cluster (``STRATA_REDIS_URL=redis+cluster://...``) the cache is split into buckets
+(app/cache/buckets.py), each a hash tag such as ``b7`` listed in ``strata:meta:buckets`` (STRING,
+comma-separated). Every key above except the usage counts, L4's statistics and the audit stream
+then lives in a bucket, with the tag after the namespace, and the version and scope counters
+are per bucket::
+
+    strata:{b7}:meta:version       strata:{b7}:meta:scopes      strata:{b7}:meta:embedder
+    strata:{b7}:vN:exact:<sha256>  strata:{b7}:vN:sem:<sha256>  (index strata:{b7}:vN:sem) ...
 
 Prefixes end with ``:`` and none is a prefix of another (``strata:v1:sem:`` does not match
 ``strata:v10:sem:``), because RediSearch matches index prefixes as plain string prefixes.
@@ -34,9 +44,9 @@ import msgspec
 from app.wire import ChatCompletionRequest, ContentPart
 
 NAMESPACE = "strata"
-VERSION_KEY = f"{NAMESPACE}:meta:version"
-SCOPES_KEY = f"{NAMESPACE}:meta:scopes"
 AUDIT_KEY = f"{NAMESPACE}:meta:audit"
+# On a Redis Cluster: the hash tags of the cache's buckets, chosen by the first instance.
+BUCKETS_KEY = f"{NAMESPACE}:meta:buckets"
 # The generation of a (category, tenant) no targeted invalidation has touched: its keys are the
 # canonical digests themselves.
 NO_GENERATION = "0.0.0"
@@ -113,29 +123,9 @@ def version_tag(version: int) -> str:
     return f"v{version}"
 
 
-def exact_prefix(tag: str) -> str:
-    return f"{NAMESPACE}:{tag}:exact:"
-
-
-def semantic_prefix(tag: str) -> str:
-    return f"{NAMESPACE}:{tag}:sem:"
-
-
-def embeddings_key(tag: str, digest: str) -> str:
-    return f"{NAMESPACE}:{tag}:emb:{digest}"
-
-
-def lease_key(tag: str, digest: str) -> str:
-    """The single-flight lease of a request being answered (short-lived)."""
-    return f"{NAMESPACE}:{tag}:lease:{digest}"
-
-
-def faq_key(tag: str, digest: str) -> str:
-    return f"{semantic_prefix(tag)}faq-{digest}"
-
-
-def faq_set_key(tag: str, name: str) -> str:
-    return f"{NAMESPACE}:{tag}:faqset:{name}"
+def token_stats_key(category: str, model: str) -> str:
+    """L4 statistics of one category and model (across versions: answer lengths outlive a bump)."""
+    return f"{NAMESPACE}:meta:tokens:{category}:{hashlib.sha256(model.encode('utf-8')).hexdigest()[:16]}"
 
 
 def faq_scope_digest(tenant: str, category: str) -> str:
@@ -143,14 +133,64 @@ def faq_scope_digest(tenant: str, category: str) -> str:
     return _digest(["faq", tenant, category])
 
 
-def token_stats_key(category: str, model: str) -> str:
-    """L4 statistics of one category and model (across versions: answer lengths outlive a bump)."""
-    return f"{NAMESPACE}:meta:tokens:{category}:{hashlib.sha256(model.encode('utf-8')).hexdigest()[:16]}"
+class Keyspace(msgspec.Struct, frozen=True):
+    """The names of one cache's keys: one Redis (``strata``), or one bucket of a Redis Cluster
+    (``strata:{b3}``: the hash tag puts every key, the version and generation copies and the
+    index of the bucket in one slot, so every script and index of the bucket works unchanged).
 
+    Attributes:
+        namespace: What every key of this cache starts with.
+    """
 
-def observations_key(tag: str, category: str) -> str:
-    """Pooled observations of an adaptive category: the prior of every entry in it."""
-    return f"{NAMESPACE}:{tag}:obs:{category}"
+    namespace: str = NAMESPACE
+
+    @classmethod
+    def bucket(cls, tag: str) -> Keyspace:
+        """The keyspace of a cluster bucket whose hash tag is ``tag``."""
+        return cls(f"{NAMESPACE}:{{{tag}}}")
+
+    @property
+    def version_key(self) -> str:
+        return f"{self.namespace}:meta:version"
+
+    @property
+    def scopes_key(self) -> str:
+        return f"{self.namespace}:meta:scopes"
+
+    @property
+    def embedder_key(self) -> str:
+        return f"{self.namespace}:meta:embedder"
+
+    @property
+    def versioned(self) -> str:
+        """What every versioned key and index name starts with (``strata:v``), for sweeps."""
+        return f"{self.namespace}:v"
+
+    def exact_prefix(self, tag: str) -> str:
+        return f"{self.namespace}:{tag}:exact:"
+
+    def semantic_prefix(self, tag: str) -> str:
+        return f"{self.namespace}:{tag}:sem:"
+
+    def semantic_index_name(self, tag: str) -> str:
+        return f"{self.namespace}:{tag}:sem"
+
+    def embeddings_key(self, tag: str, digest: str) -> str:
+        return f"{self.namespace}:{tag}:emb:{digest}"
+
+    def lease_key(self, tag: str, digest: str) -> str:
+        """The single-flight lease of a request being answered (short-lived)."""
+        return f"{self.namespace}:{tag}:lease:{digest}"
+
+    def faq_key(self, tag: str, digest: str) -> str:
+        return f"{self.semantic_prefix(tag)}faq-{digest}"
+
+    def faq_set_key(self, tag: str, name: str) -> str:
+        return f"{self.namespace}:{tag}:faqset:{name}"
+
+    def observations_key(self, tag: str, category: str) -> str:
+        """Pooled observations of an adaptive category: the prior of every entry in it."""
+        return f"{self.namespace}:{tag}:obs:{category}"
 
 
 def observation_field(result: str, score_bin: int) -> str:
@@ -158,8 +198,8 @@ def observation_field(result: str, score_bin: int) -> str:
     return f"{result}:{score_bin:03d}"
 
 
-def semantic_index_name(tag: str) -> str:
-    return f"{NAMESPACE}:{tag}:sem"
+# The keyspace of a single Redis (and of the tools that read one).
+KEYS = Keyspace()
 
 
 def normalize_text(text: str) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -58,6 +58,26 @@ class CachePlan(msgspec.Struct, frozen=True):
     @property
     def writes(self) -> bool:
         return self.mode in (CacheMode.USE, CacheMode.REFRESH)
+
+
+class RequestCache(Protocol):
+    """What the pipeline and the relay ask of the cache: one :class:`LayeredCache`, or the
+    buckets of a cluster behind one (app/cache/buckets.py)."""
+
+    @property
+    def versions(self) -> VersionTag: ...
+
+    async def plan(self, canonical: CanonicalRequest, category: CategoryPolicy, mode: CacheMode) -> CachePlan: ...
+
+    async def lookup(self, plan: CachePlan) -> tuple[CachePlan, CacheHit | None]: ...
+
+    def lease_key(self, query: CacheQuery) -> str: ...
+
+    async def read_exact(self, query: CacheQuery) -> bytes | None: ...
+
+    async def store(self, plan: CachePlan, raw: bytes, completion: dict[str, Any]) -> None: ...
+
+    async def settle(self) -> None: ...
 
 
 class LayeredCache:
@@ -185,6 +205,10 @@ class LayeredCache:
         if layer.name == SEMANTIC and query.category.semantic.judge_before_serving:
             return self._lookup_timeout_s + self._judge_timeout_s
         return self._lookup_timeout_s
+
+    def lease_key(self, query: CacheQuery) -> str:
+        """The single-flight lease of a query, in this cache's keyspace."""
+        return self.versions.keys.lease_key(query.version, query.entry_digest)
 
     async def read_exact(self, query: CacheQuery) -> bytes | None:
         """The answer stored for exactly this query (single-flight followers wait on it).

@@ -52,12 +52,12 @@ from app.cache.keys import (
     OBS_GUARD_OK,
     OBS_GUARD_WRONG,
     OBS_OK,
+    KEYS,
     OBS_WRONG,
     SOURCE_MODEL,
+    Keyspace,
     normalize_text,
     observation_field,
-    observations_key,
-    semantic_prefix,
 )
 from app.cache.verify import Confirm, PairAnalyzer
 from app.embed import Embedder
@@ -219,13 +219,14 @@ class PooledCounts:
 class PooledObservations:
     """Reads pooled counts per (version, category), reusing them for ``POOLED_REFRESH_S``."""
 
-    def __init__(self, redis: Redis, refresh_s: float = POOLED_REFRESH_S) -> None:
+    def __init__(self, redis: Redis, refresh_s: float = POOLED_REFRESH_S, keys: Keyspace = KEYS) -> None:
         self._redis = redis
+        self._keys = keys
         self._refresh_s = refresh_s
         self._cache: dict[str, tuple[float, PooledCounts]] = {}
 
     async def counts(self, tag: str, category: str) -> PooledCounts:
-        key = observations_key(tag, category)
+        key = self._keys.observations_key(tag, category)
         now = time.monotonic()
         cached = self._cache.get(key)
         if cached is not None and now - cached[0] < self._refresh_s:
@@ -236,7 +237,7 @@ class PooledObservations:
         return counts
 
     def forget(self, tag: str, category: str) -> None:
-        self._cache.pop(observations_key(tag, category), None)
+        self._cache.pop(self._keys.observations_key(tag, category), None)
 
 
 def within_bound(counts: PooledCounts, bin_: int, policy: SemanticPolicy, *, prior: bool = False) -> bool:
@@ -311,11 +312,13 @@ class AnswerLearner:
             two questions takes the place of the answer comparison.
         documents_of: The documents of an entry, ``(version tag, entry key) -> keys``, to merge
             entries of one answer; without it entries are never merged.
+        keys: The keyspace (a cluster bucket's when ``redis`` is its master).
     """
 
     def __init__(self, redis: Redis, embedder: Embedder, analyzer: PairAnalyzer | None,
-                 judge: Confirm | None = None, documents_of: DocumentsOf | None = None) -> None:
+                 judge: Confirm | None = None, documents_of: DocumentsOf | None = None, keys: Keyspace = KEYS) -> None:
         self._redis = redis
+        self._keys = keys
         self._judge = judge
         self._embedder = embedder
         self._analyzer = analyzer
@@ -401,14 +404,14 @@ class AnswerLearner:
             field = observation_field(OBS_OK if same else OBS_WRONG, candidate.score_bin)
             explored = (OBS_EXPLORED_OK if same else OBS_EXPLORED_WRONG) if candidate.explored else ""
             await self._observe(
-                keys=[candidate.key, observations_key(query.version, query.category.name), candidate.root],
+                keys=[candidate.key, self._keys.observations_key(query.version, query.category.name), candidate.root],
                 args=[field, "0" if same else "1", int(round(candidate.similarity * 1000)), explored, POOLED_TTL_S,
                       observation_field(OBS_CONFIRMED, candidate.score_bin)],
             )
         entry = candidate.root if same else (neighbours[0].root if neighbours else None)
         if entry is None or policy.max_aliases <= 0:
             return Observed(same=same)
-        new_key = semantic_prefix(query.version) + query.entry_digest
+        new_key = self._keys.semantic_prefix(query.version) + query.entry_digest
         await self._alias(keys=[new_key, entry], args=[policy.max_aliases])
         merged = 0
         for neighbour in neighbours:

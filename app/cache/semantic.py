@@ -38,13 +38,12 @@ from app.cache.keys import (
     FIELD_SCOPE,
     FIELD_SOURCE,
     FIELD_WRONG_ABOVE,
-    NAMESPACE,
+    KEYS,
     OBS_GUARD_OK,
     OBS_GUARD_WRONG,
     SOURCE_MODEL,
+    Keyspace,
     faq_scope_digest,
-    semantic_index_name,
-    semantic_prefix,
 )
 from app.cache.learning import (
     MARGIN_WEIGHT,
@@ -62,7 +61,6 @@ from app.policy import SemanticPolicy
 logger = logging.getLogger("strata.semantic")
 
 SEMANTIC = "semantic"
-EMBEDDER_KEY = f"{NAMESPACE}:meta:embedder"
 DISTANCE_FIELD = "vector_distance"
 # Candidates compared per lookup: the best one that passes verification is served. Adaptive
 # categories look at more, to find the nearest document serving another answer (the margin).
@@ -88,13 +86,14 @@ class SemanticCache:
 
     def __init__(
         self, redis: Redis, embedder: Embedder, schema_path: Path, check: CandidateCheck | None = None, *,
-        memo_size: int = 4096, learning_refresh_s: float = 1.0,
+        memo_size: int = 4096, learning_refresh_s: float = 1.0, keys: Keyspace = KEYS,
     ) -> None:
         self._redis = redis
+        self.keys = keys
         self._embedder = embedder
         self._schema_template = yaml.safe_load(schema_path.read_text(encoding="utf-8"))
         self._check = check or CandidateCheck(ThresholdVerifier())
-        self.pooled = PooledObservations(redis, learning_refresh_s)
+        self.pooled = PooledObservations(redis, learning_refresh_s, keys)
         # Which would-be hits are explored: random across questions and across repeats of one
         # question (a question served wrongly is checked again), and seeded, so that a replay of
         # a stream in one process makes the same draws every time.
@@ -111,8 +110,8 @@ class SemanticCache:
 
     def schema_for(self, tag: str) -> dict[str, Any]:
         schema = copy.deepcopy(self._schema_template)
-        schema["index"]["name"] = semantic_index_name(tag)
-        schema["index"]["prefix"] = semantic_prefix(tag)
+        schema["index"]["name"] = self.keys.semantic_index_name(tag)
+        schema["index"]["prefix"] = self.keys.semantic_prefix(tag)
         for field in schema["fields"]:
             if field["name"] == FIELD_EMBEDDING:
                 field["attrs"]["dims"] = self._embedder.dims
@@ -128,7 +127,7 @@ class SemanticCache:
             if index is None:
                 index = AsyncSearchIndex.from_dict(self.schema_for(tag), redis_client=self._redis)
                 await index.create(overwrite=False)
-                logger.info("semantic index %s ready (%s, %d dims)", semantic_index_name(tag), self._embedder.name, self._embedder.dims)
+                logger.info("semantic index %s ready (%s, %d dims)", self.keys.semantic_index_name(tag), self._embedder.name, self._embedder.dims)
                 self._indexes[tag] = index
         return index
 
@@ -306,7 +305,7 @@ class SemanticCache:
             return
         await self.index(query.version)
         vector = await self.vector(canonical.question)
-        key = semantic_prefix(query.version) + query.entry_digest
+        key = self.keys.semantic_prefix(query.version) + query.entry_digest
         entry = CacheEntry.for_query(
             query, completion, scope=query.scope_digest, embedding=vector.astype(np.float32).tobytes(), root=key
         )
@@ -363,14 +362,14 @@ async def index_dims(redis: Redis, name: str) -> int | None:
     return None
 
 
-async def adopt_embedder(redis: Redis, fingerprint: str) -> str | None:
+async def adopt_embedder(redis: Redis, fingerprint: str, keys: Keyspace = KEYS) -> str | None:
     """Record the embedder in use; returns the previous one when it was a different embedder.
 
     Vectors of different embedders cannot be compared, so the caller bumps the version tag.
     ``SET ... GET`` makes this atomic: of several workers starting with a new embedder, only the
     first sees the old fingerprint.
     """
-    previous = await redis.set(EMBEDDER_KEY, fingerprint, get=True)
+    previous = await redis.set(keys.embedder_key, fingerprint, get=True)
     if previous is None:
         return None
     previous_text = previous.decode() if isinstance(previous, bytes) else str(previous)

@@ -13,7 +13,7 @@ import logging
 
 from redis.asyncio import Redis
 
-from app.cache.keys import NAMESPACE, SCOPES_KEY, VERSION_KEY, generation_of, scope_fields, version_tag
+from app.cache.keys import KEYS, Keyspace, generation_of, scope_fields, version_tag
 
 logger = logging.getLogger("strata.version")
 
@@ -56,8 +56,9 @@ class ScopeGenerations:
     # Generations remembered per worker; beyond it they are forgotten and read again.
     MAX_KNOWN = 65_536
 
-    def __init__(self, redis: Redis) -> None:
+    def __init__(self, redis: Redis, keys: Keyspace = KEYS) -> None:
         self._redis = redis
+        self.keys = keys
         self._known: dict[tuple[str, str], str] = {}
 
     def known(self, category: str, tenant: str) -> str | None:
@@ -71,14 +72,14 @@ class ScopeGenerations:
 
     async def refresh(self, category: str, tenant: str) -> str:
         """Read a scope's generation from Redis (HMGET; nothing is written)."""
-        values = await self._redis.hmget(SCOPES_KEY, list(scope_fields(category, tenant)))
+        values = await self._redis.hmget(self.keys.scopes_key, list(scope_fields(category, tenant)))
         return self.observe(category, tenant, generation_of(values))
 
     async def with_version(self, category: str, tenant: str) -> tuple[bytes | None, str]:
         """The version number as stored and a scope's generation, read in one round trip."""
         async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.get(VERSION_KEY)
-            pipe.hmget(SCOPES_KEY, list(scope_fields(category, tenant)))
+            pipe.get(self.keys.version_key)
+            pipe.hmget(self.keys.scopes_key, list(scope_fields(category, tenant)))
             version, values = await pipe.execute()
         return version, self.observe(category, tenant, generation_of(values))
 
@@ -97,16 +98,17 @@ class ScopeGenerations:
         else:
             assert tenant is not None
             field = scope_fields("", tenant)[1]
-        await self._redis.hincrby(SCOPES_KEY, field, 1)
+        await self._redis.hincrby(self.keys.scopes_key, field, 1)
         self._known.clear()
         return field
 
 
 class VersionTag:
-    """The current cache version of one Redis database."""
+    """The current cache version of one Redis database (or of one cluster bucket)."""
 
-    def __init__(self, redis: Redis) -> None:
+    def __init__(self, redis: Redis, keys: Keyspace = KEYS) -> None:
         self._redis = redis
+        self.keys = keys
         self._number: int | None = None
 
     @property
@@ -127,22 +129,22 @@ class VersionTag:
 
         Only a fresh database costs a write: a full (OOM) Redis can still be read.
         """
-        tag = self.observe(await self._redis.get(VERSION_KEY))
+        tag = self.observe(await self._redis.get(self.keys.version_key))
         if tag is None:
-            await self._redis.set(VERSION_KEY, 1, nx=True)
-            tag = self.observe(await self._redis.get(VERSION_KEY))
+            await self._redis.set(self.keys.version_key, 1, nx=True)
+            tag = self.observe(await self._redis.get(self.keys.version_key))
         assert tag is not None
         return tag
 
     async def bump(self) -> tuple[str, str]:
         """Move to the next version; returns the (previous, new) tags."""
-        await self._redis.set(VERSION_KEY, 1, nx=True)
-        new = await self._redis.incr(VERSION_KEY)
+        await self._redis.set(self.keys.version_key, 1, nx=True)
+        new = await self._redis.incr(self.keys.version_key)
         self._number = new
         return version_tag(new - 1), version_tag(new)
 
 
-async def sweep_stale_versions(redis: Redis, current: str, *, batch: int = 500) -> int:
+async def sweep_stale_versions(redis: Redis, current: str, *, keys: Keyspace = KEYS, batch: int = 500) -> int:
     """Delete the keys and drop the indexes of every version other than ``current``.
 
     Runs in the background after a bump and at start-up. Entries would expire by TTL anyway;
@@ -151,20 +153,21 @@ async def sweep_stale_versions(redis: Redis, current: str, *, batch: int = 500) 
     Args:
         redis: The Redis connection.
         current: The tag to keep ("v3").
+        keys: The keyspace swept (one cluster bucket's: ``redis`` is then its master).
         batch: Keys unlinked per round trip.
 
     Returns:
         How many keys were deleted (documents dropped with an index not included).
     """
-    keep = f"{NAMESPACE}:{current}:"
+    keep = f"{keys.namespace}:{current}:"
     for raw_name in await redis.execute_command("FT._LIST"):
         name = raw_name.decode() if isinstance(raw_name, bytes) else raw_name
-        if name.startswith(f"{NAMESPACE}:v") and not (name + ":").startswith(keep):
+        if name.startswith(keys.versioned) and not (name + ":").startswith(keep):
             logger.info("dropping stale index %s with its documents", name)
             await redis.execute_command("FT.DROPINDEX", name, "DD")
     deleted = 0
     pending: list[bytes] = []
-    async for key in redis.scan_iter(match=f"{NAMESPACE}:v*", count=1000):
+    async for key in redis.scan_iter(match=f"{keys.versioned}*", count=1000):
         if key.decode().startswith(keep):
             continue
         pending.append(key)

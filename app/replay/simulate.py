@@ -171,11 +171,11 @@ def run_simulated(stream: list[Any], *, settings: Settings, category: str, encod
                 resources = app.state.resources
                 known = {}
                 if faq:
-                    from app.faq import load_faq
+                    from app.faq import load_faq_in_buckets
 
-                    tag = await resources.versions.refresh()
-                    await resources.semantic.index(tag)
-                    await load_faq(resources.redis, resources.embedder, tag, faq, "replay", resources.policy)
+                    buckets = resources.bucket_caches
+                    await load_faq_in_buckets(resources.buckets, [b.semantic for b in buckets],
+                                              [b.versions for b in buckets], faq, "replay", resources.policy)
                     # A curated answer is right for its own label's questions; one of a label
                     # the stream never asks about is wrong for all of them.
                     known = {curated_answer(r.label): r.label for r in stream}

@@ -24,7 +24,9 @@ from redisvl.index import AsyncSearchIndex
 from redisvl.query import VectorQuery
 
 from app.cache.exact import _LOOKUP_SCRIPT
-from app.cache.keys import SCOPES_KEY, VERSION_KEY
+from app.cache.keys import KEYS
+
+VERSION_KEY, SCOPES_KEY = KEYS.version_key, KEYS.scopes_key
 
 VECTOR = np.array([1.0, 0.0, 0.0, 0.0], dtype=np.float32).tobytes()
 

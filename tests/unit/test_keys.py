@@ -8,7 +8,7 @@ import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.cache.keys import canonicalize, exact_prefix, semantic_index_name, semantic_prefix, version_tag
+from app.cache.keys import KEYS, Keyspace, canonicalize, version_tag
 from app.wire import ChatCompletionRequest
 
 
@@ -89,9 +89,24 @@ def test_no_question_when_the_last_message_is_not_user_text() -> None:
 
 def test_prefixes_are_siblings_and_never_nest() -> None:
     tags = [version_tag(n) for n in (1, 2, 10, 11, 100)]
-    prefixes = [p(t) for t in tags for p in (exact_prefix, semantic_prefix)]
+    spaces = [KEYS, *(Keyspace.bucket(f"b{n}") for n in (1, 2, 10, 11))]
+    prefixes = [p(t) for t in tags for ks in spaces for p in (ks.exact_prefix, ks.semantic_prefix)]
     assert all(p.endswith(":") for p in prefixes)
     for a in prefixes:
         for b in prefixes:
             assert a == b or not b.startswith(a)
-    assert semantic_index_name("v1") + ":" == semantic_prefix("v1")
+    assert KEYS.semantic_index_name("v1") + ":" == KEYS.semantic_prefix("v1")
+
+
+def test_every_key_of_a_bucket_carries_its_hash_tag() -> None:
+    """On a cluster, a key's slot is the hash of what is inside its first {...}: every key of a
+    bucket, its index and its copies of the version and generations, must name the bucket's tag."""
+    bucket = Keyspace.bucket("b7")
+    names = [bucket.version_key, bucket.scopes_key, bucket.embedder_key, bucket.exact_prefix("v3"),
+             bucket.semantic_prefix("v3"), bucket.semantic_index_name("v3"), bucket.embeddings_key("v3", "d"),
+             bucket.lease_key("v3", "d"), bucket.faq_key("v3", "d"), bucket.faq_set_key("v3", "n"),
+             bucket.observations_key("v3", "faq")]
+    for name in names:
+        assert name.startswith("strata:{b7}:"), name
+        assert name.index("{") < name.index("}") and name.count("{") == 1, name
+    assert all("{" not in name for name in (KEYS.version_key, KEYS.exact_prefix("v3")))

@@ -1,0 +1,262 @@
+"""Where the cache lives: one Redis, or the buckets of a Redis Cluster.
+
+RediSearch 2.10 has no cross-shard coordinator: an index sees only the master that owns its
+name's slot, and a script may touch one slot only. So on a cluster the cache is split into
+buckets (docs/SCALING.md). A bucket is a hash tag (``b7``) and the master that owns its slot:
+every key of the bucket (entries, aliases, its index, its copies of the version tag and of the
+scope generations) starts with ``strata:{b7}:``, and all of it is reached through a plain
+connection to that master, where it behaves exactly as a single Redis. A request's bucket is
+chosen by its tenant and category, so everything a lookup can match (the scope's entries and
+the tenant's curated answers) is in one bucket and a lookup is one KNN query.
+
+The tags are chosen once, spread evenly over the masters, and stored in
+``strata:meta:buckets`` so every instance, and every later start, uses the same ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from redis.asyncio import Redis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from app.cache.base import CacheHit, CacheQuery
+from app.cache.keys import BUCKETS_KEY, KEYS, CanonicalRequest, Keyspace
+from app.cache.layered import CacheMode, CachePlan, LayeredCache
+from app.cache.version import VersionTag
+from app.policy import CategoryPolicy
+from app.settings import RedisSettings
+
+logger = logging.getLogger("strata.buckets")
+
+CLUSTER_SCHEME = "redis+cluster"
+# Bucket tags are probed in this order (b0, b1, ...); 16,384 slots make a few dozen enough.
+MAX_TAG_PROBES = 100_000
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One keyspace and the connection its keys live on.
+
+    Attributes:
+        keys: The keyspace (``strata`` on one Redis, ``strata:{b7}`` in a cluster bucket).
+        redis: A connection to the Redis holding every key of the keyspace.
+        address: ``host:port`` of that Redis, for logs and ``/health``.
+    """
+
+    keys: Keyspace
+    redis: Redis
+    address: str
+
+
+def cluster_nodes(url: str) -> list[tuple[str, int]]:
+    """The start-up nodes of ``redis+cluster://host:port[,host:port...]``.
+
+    Raises:
+        ValueError: Not a cluster URL, or a node without a port.
+    """
+    parts = urlsplit(url)
+    if parts.scheme != CLUSTER_SCHEME or not parts.netloc:
+        raise ValueError(f"not a cluster URL: {url!r} (redis+cluster://host:port[,host:port])")
+    nodes = []
+    for node in parts.netloc.rsplit("@", 1)[-1].split(","):
+        host, _, port = node.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"a cluster node needs host:port, got {node!r}")
+        nodes.append((host, int(port)))
+    return nodes
+
+
+def choose_tags(count: int, owner: Callable[[str], str], masters: Sequence[str]) -> list[str]:
+    """``count`` hash tags spread evenly over the masters (``b0``, ``b1``, ... probed in order).
+
+    Args:
+        count: Buckets wanted.
+        owner: The master (``host:port``) owning a hash tag's slot.
+        masters: Every master.
+
+    Returns:
+        The tags, in an order that takes each master in turn.
+    """
+    per_master = {master: [] for master in masters}
+    share = -(-count // len(masters))
+    for probe in range(MAX_TAG_PROBES):
+        if sum(len(tags) for tags in per_master.values()) >= share * len(masters):
+            break
+        tag = f"b{probe}"
+        found = per_master.get(owner(tag))
+        if found is not None and len(found) < share:
+            found.append(tag)
+    rounds = [per_master[master] for master in masters]
+    interleaved = [tags[i] for i in range(share) for tags in rounds if i < len(tags)]
+    if len(interleaved) < count:
+        raise RuntimeError(f"found tags for {len(interleaved)} of {count} buckets")
+    return interleaved[:count]
+
+
+def bucket_of(tenant: str, category: str, count: int) -> int:
+    """The bucket of a (tenant, category): every entry a request of it can match lives there."""
+    digest = hashlib.sha256(f"{tenant}\x1f{category}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % count
+
+
+class Buckets:
+    """The buckets of the cache and how requests find theirs.
+
+    Args:
+        buckets: The buckets; one, with the plain keyspace, on a single Redis.
+        shared: The client for keys that belong to no bucket (usage counts, L4's statistics,
+            the audit stream, leases): the single Redis, or the cluster client.
+    """
+
+    def __init__(self, buckets: Sequence[Bucket], shared: Redis | RedisCluster) -> None:
+        if not buckets:
+            raise ValueError("at least one bucket")
+        self.all = tuple(buckets)
+        self.shared = shared
+        self._by_namespace = {bucket.keys.namespace: i for i, bucket in enumerate(self.all)}
+
+    @property
+    def clustered(self) -> bool:
+        return self.all[0].keys != KEYS
+
+    def of(self, tenant: str, category: str) -> int:
+        """The index of the bucket holding a tenant's category."""
+        return 0 if len(self.all) == 1 else bucket_of(tenant, category, len(self.all))
+
+    def holding(self, key: str) -> int | None:
+        """The index of the bucket a key of Strata's belongs to, by its namespace; ``None`` if none."""
+        if not self.clustered:
+            return 0
+        head, _, rest = key.partition("}")
+        return self._by_namespace.get(head + "}") if rest.startswith(":") else None
+
+    async def aclose(self) -> None:
+        """Close every connection (a master's is shared by its buckets)."""
+        closing: dict[int, Any] = {id(bucket.redis): bucket.redis for bucket in self.all}
+        closing[id(self.shared)] = self.shared
+        await asyncio.gather(*(client.aclose() for client in closing.values()), return_exceptions=True)
+
+
+def connect_redis(settings: RedisSettings, **where: Any) -> Redis:
+    """A Redis client that fails fast: a slow or absent Redis must cost a miss, not a stall.
+
+    Args:
+        settings: Timeouts and pool size; its URL unless ``where`` names host and port.
+        **where: ``host`` and ``port`` of one cluster master.
+    """
+    options: dict[str, Any] = {
+        "socket_timeout": settings.timeout_s, "socket_connect_timeout": settings.timeout_s,
+        "max_connections": settings.max_connections,
+        # One immediate retry: it replaces a pooled connection that died with a Redis restart.
+        "retry": Retry(NoBackoff(), 1), "health_check_interval": 30,
+    }
+    if where:
+        # redisvl's search replies are parsed as RESP2 (redis-py 8 defaults to RESP3 on clusters).
+        return Redis(host=where["host"], port=where["port"], protocol=2, **options)
+    return Redis.from_url(settings.url, **options)
+
+
+async def open_buckets(settings: RedisSettings) -> Buckets:
+    """The buckets of ``settings.url``: one for a single Redis, several on a cluster.
+
+    On a cluster nothing is read or written beyond the slot map and ``strata:meta:buckets``.
+
+    Raises:
+        ValueError: A malformed cluster URL.
+        Any of ``CACHE_ERRORS``: the cluster could not be reached.
+    """
+    if not settings.cluster:
+        redis = connect_redis(settings)
+        return Buckets([Bucket(KEYS, redis, settings.url)], redis)
+    nodes = [ClusterNode(host, port) for host, port in cluster_nodes(settings.url)]
+    cluster = RedisCluster(startup_nodes=nodes, protocol=2, socket_timeout=settings.timeout_s,
+                           socket_connect_timeout=settings.timeout_s, max_connections=settings.max_connections)
+    try:
+        await cluster.initialize()
+        masters = sorted(f"{node.host}:{node.port}" for node in cluster.get_primaries())
+
+        def owner(tag: str) -> str:
+            node = cluster.get_node_from_key(f"{{{tag}}}")
+            return f"{node.host}:{node.port}"
+
+        tags = await _stored_tags(cluster, settings.buckets or 3 * len(masters), owner, masters)
+    except BaseException:
+        await cluster.aclose()
+        raise
+    connections: dict[str, Redis] = {}
+    buckets = []
+    for tag in tags:
+        address = owner(tag)
+        if address not in connections:
+            host, _, port = address.rpartition(":")
+            connections[address] = connect_redis(settings, host=host, port=int(port))
+        buckets.append(Bucket(Keyspace.bucket(tag), connections[address], address))
+    logger.info("Redis Cluster: %d masters, %d buckets (%s)", len(masters), len(buckets),
+                ", ".join(f"{b.keys.namespace}@{b.address}" for b in buckets))
+    return Buckets(buckets, cluster)
+
+
+async def _stored_tags(cluster: RedisCluster, count: int, owner: Callable[[str], str], masters: list[str]) -> list[str]:
+    """The bucket tags every instance uses: the stored ones, or ``count`` new ones stored now."""
+    stored = await cluster.get(BUCKETS_KEY)
+    if stored is None:
+        await cluster.set(BUCKETS_KEY, ",".join(choose_tags(count, owner, masters)), nx=True)
+        stored = await cluster.get(BUCKETS_KEY)
+    tags = (stored.decode() if isinstance(stored, bytes) else str(stored)).split(",")
+    if len(tags) != count:
+        logger.warning("the cluster holds %d buckets (%s); STRATA_REDIS_BUCKETS=%d is ignored: changing the "
+                       "count would move every tenant's entries", len(tags), BUCKETS_KEY, count)
+    return tags
+
+
+class BucketedCache:
+    """The layered caches of a cluster's buckets behind the interface of one
+    :class:`~app.cache.layered.LayeredCache`: each request goes to its bucket's.
+
+    Args:
+        buckets: The buckets.
+        caches: One layered cache per bucket, in the buckets' order.
+    """
+
+    def __init__(self, buckets: Buckets, caches: Sequence[LayeredCache]) -> None:
+        if len(caches) != len(buckets.all):
+            raise ValueError("one layered cache per bucket")
+        self._buckets = buckets
+        self.caches = tuple(caches)
+
+    @property
+    def versions(self) -> VersionTag:
+        """The first bucket's version tag (every bump moves all of them)."""
+        return self.caches[0].versions
+
+    def _of(self, query: CacheQuery | None) -> LayeredCache:
+        if query is None:
+            return self.caches[0]  # nothing to read or write: any bucket plans it the same
+        return self.caches[self._buckets.of(query.canonical.tenant, query.category.name)]
+
+    async def plan(self, canonical: CanonicalRequest, category: CategoryPolicy, mode: CacheMode) -> CachePlan:
+        return await self.caches[self._buckets.of(canonical.tenant, category.name)].plan(canonical, category, mode)
+
+    async def lookup(self, plan: CachePlan) -> tuple[CachePlan, CacheHit | None]:
+        return await self._of(plan.query).lookup(plan)
+
+    def lease_key(self, query: CacheQuery) -> str:
+        return self._of(query).lease_key(query)
+
+    async def read_exact(self, query: CacheQuery) -> bytes | None:
+        return await self._of(query).read_exact(query)
+
+    async def store(self, plan: CachePlan, raw: bytes, completion: dict[str, Any]) -> None:
+        await self._of(plan.query).store(plan, raw, completion)
+
+    async def settle(self) -> None:
+        await asyncio.gather(*(cache.settle() for cache in self.caches))
