@@ -162,17 +162,7 @@ class LayeredCache:
         for layer in self._layers:
             try:
                 async with asyncio.timeout(self._budget(layer, query)):
-                    try:
-                        hit = await layer.lookup(query)
-                    except StaleVersion as stale:
-                        # Another worker bumped the version: adopt it and look again, once.
-                        tag = self.versions.observe(stale.current) or await self.versions.refresh()
-                        query = msgspec.structs.replace(query, version=tag)
-                        hit = await self._lookup_again(layer, query)
-                    except StaleScope as stale:
-                        # A targeted invalidation of this scope: its new generation, once.
-                        query = self._adopt(query, stale)
-                        hit = await self._lookup_again(layer, query)
+                    query, hit = await self._lookup_adopting(layer, query)
             except CACHE_ERRORS as exc:
                 self._metrics.cache_failed(layer.name, "lookup", exc)
                 return CachePlan(CacheMode.UNAVAILABLE), None
@@ -192,13 +182,23 @@ class LayeredCache:
                 return CachePlan(plan.mode, query), hit
         return CachePlan(plan.mode, query, candidate), None
 
-    async def _lookup_again(self, layer: CacheLayer, query: CacheQuery) -> CacheHit | Candidate | None:
-        """The second look after adopting a new version or generation; should the other one
-        have moved too in between, the next request adopts it."""
-        try:
-            return await layer.lookup(query)
-        except (StaleVersion, StaleScope) as moved:
-            raise TimeoutError("the cache was invalidated twice during one lookup") from moved
+    async def _lookup_adopting(self, layer: CacheLayer, query: CacheQuery) -> tuple[CacheQuery, CacheHit | Candidate | None]:
+        """A layer's lookup; a version tag or a scope generation moved by another worker is
+        adopted and the lookup made again, each once (both may have moved: a bump, then a
+        targeted invalidation). Moving again meanwhile is a cache failure: the next request adopts it."""
+        adopted: set[type[Exception]] = set()
+        while True:
+            try:
+                return query, await layer.lookup(query)
+            except (StaleVersion, StaleScope) as moved:
+                if type(moved) in adopted:
+                    raise TimeoutError("the cache was invalidated twice during one lookup") from moved
+                adopted.add(type(moved))
+                if isinstance(moved, StaleVersion):
+                    tag = self.versions.observe(moved.current) or await self.versions.refresh()
+                    query = msgspec.structs.replace(query, version=tag)
+                else:
+                    query = self._adopt(query, moved)
 
     def _budget(self, layer: CacheLayer, query: CacheQuery) -> float:
         # The judge is a model call: its own timeout bounds it, on top of the lookup's.

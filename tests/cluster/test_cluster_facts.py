@@ -1,6 +1,6 @@
 """What Redis Cluster with RediSearch 2.10 (no coordinator) allows, on a real 3-master cluster:
-the facts the cluster design of issue #13 rests on (docs/SCALING.md). Strata does not run on a
-cluster yet; these tests say why, and what a bucket must be.
+the facts the cluster design of issue #13 rests on (docs/SCALING.md): why the single-node key
+layout cannot run on a cluster, and what a bucket must be (test_cluster_mode.py runs Strata on it).
 
 - a script over keys of different slots is refused (CROSSSLOT): today's exact lookup is one;
 - an index sees only the keys of the master that owns its name's slot;
