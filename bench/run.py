@@ -88,19 +88,34 @@ def wait_for(url: str, timeout: float = 60.0) -> None:
 
 
 @contextmanager
-def stack(workers: int) -> Iterator[tuple[str, subprocess.Popen[bytes], str]]:
-    """Redis Stack, a stub upstream and Strata on free ports; yields Strata's URL and process, and Redis's URL."""
-    redis_port, upstream_port, strata_port = free_port(), free_port(), free_port()
-    data = tempfile.mkdtemp(prefix="strata-bench-")
-    redis_env = {**os.environ, "STACK_REDIS_PORT": str(redis_port), "STACK_REDIS_DIR": data}
+def own_redis() -> Iterator[str]:
+    """A Redis Stack on a free port, removed afterwards; yields its URL."""
+    port, data = free_port(), tempfile.mkdtemp(prefix="strata-bench-")
+    env = {**os.environ, "STACK_REDIS_PORT": str(port), "STACK_REDIS_DIR": data}
     launcher = str(ROOT / "redis-stack" / "redis-stack.sh")
-    subprocess.run([launcher, "start"], check=True, env=redis_env, stdout=subprocess.DEVNULL)
+    subprocess.run([launcher, "start"], check=True, env=env, stdout=subprocess.DEVNULL)
+    try:
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        subprocess.run([launcher, "stop"], env=env, stdout=subprocess.DEVNULL)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+@contextmanager
+def stack(workers: int, redis_url: str | None = None) -> Iterator[tuple[str, subprocess.Popen[bytes], str]]:
+    """A stub upstream and Strata on free ports, over ``redis_url`` or a Redis Stack of its own;
+    yields Strata's URL and process, and Redis's URL."""
+    if redis_url is None:
+        with own_redis() as url, stack(workers, url) as started:
+            yield started
+        return
+    upstream_port, strata_port = free_port(), free_port()
     upstream = subprocess.Popen([sys.executable, "-m", "bench.stub_upstream", str(upstream_port)], cwd=ROOT)
     strata_env = {
         **os.environ,
         "STRATA_PORT": str(strata_port),
         "STRATA_WORKERS": str(workers),
-        "STRATA_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
+        "STRATA_REDIS_URL": redis_url,
         "STRATA_UPSTREAM_URL": f"http://127.0.0.1:{upstream_port}/v1",
         "STRATA_LOG_LEVEL": "warning",
         "STRATA_POLICY_FILE": str(ROOT / "bench" / "policy.yaml"),
@@ -110,14 +125,12 @@ def stack(workers: int) -> Iterator[tuple[str, subprocess.Popen[bytes], str]]:
         url = f"http://127.0.0.1:{strata_port}"
         wait_for(f"http://127.0.0.1:{upstream_port}/v1/models")
         wait_for(url + "/health")
-        yield url, strata, f"redis://127.0.0.1:{redis_port}/0"
+        yield url, strata, redis_url
     finally:
         strata.terminate()
         strata.wait(timeout=30)
         upstream.terminate()
         upstream.wait(timeout=10)
-        subprocess.run([launcher, "stop"], env=redis_env, stdout=subprocess.DEVNULL)
-        shutil.rmtree(data, ignore_errors=True)
 
 
 def semantic_pairs(limit: int) -> tuple[list[tuple[str, str]], str]:
