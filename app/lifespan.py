@@ -11,6 +11,7 @@ from typing import Any
 
 from litestar import Litestar
 from redis.asyncio import Redis
+from redis.exceptions import RedisClusterException
 
 from app.auth import TenantResolver
 from app.cache.base import CACHE_ERRORS, CacheLayer
@@ -129,7 +130,8 @@ async def build_resources(settings: Settings, encoder: Encoder | None = None) ->
         if embedder is not None:
             assert verifier is not None
             semantic = SemanticCache(redis, embedder, settings.resolve(options.index_schema), check,
-                                     learning_refresh_s=options.learning_refresh_s, keys=keys)
+                                     learning_refresh_s=options.learning_refresh_s, keys=keys,
+                                     pool_sources=[(b.redis, b.keys) for b in buckets.all])
             layers.append(semantic)
             learner = AnswerLearner(redis, embedder, verifier.analyzer, judge=judge,
                                     documents_of=semantic.documents_of, keys=keys)
@@ -191,6 +193,16 @@ async def sweep_after(bucket: BucketCache, current: str) -> None:
         logger.warning("sweep of stale versions failed (entries still expire by TTL): %r", exc)
 
 
+async def follow_cluster(resources: Resources) -> None:
+    """On a cluster: every few seconds, move buckets whose slot changed master (a failover)."""
+    while True:
+        await asyncio.sleep(resources.settings.redis.cluster_refresh_s)
+        try:
+            await resources.buckets.follow()
+        except (*CACHE_ERRORS, RedisClusterException) as exc:
+            logger.warning("reading the cluster's slot map failed (buckets stay where they were): %r", exc)
+
+
 async def sweep_versions_after(resources: Resources) -> None:
     """After a bump: each bucket's stale versions (the versions of all buckets move together)."""
     for bucket in resources.bucket_caches:
@@ -224,6 +236,8 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
             logger.info("cache version %s (%s)", current, bucket.bucket.keys.namespace)
             resources.spawn(sweep_after(bucket, current), f"sweep-stale-versions {bucket.bucket.keys.namespace}")
     resources.spawn(resources.metrics.usage.run(resources.redis, CACHE_ERRORS), "usage-counts")
+    if resources.buckets.clustered:
+        resources.spawn(follow_cluster(resources), "follow-cluster")
     prefix_cache = await resources.upstream.prefix_cache()
     logger.info("upstream prefix-cache metrics: %s",
                 ", ".join(prefix_cache.names) if prefix_cache else "none found (no hit ratio on /metrics and /health)")

@@ -30,6 +30,8 @@ class RedisSettings(msgspec.Struct, frozen=True, kw_only=True):
     # On a Redis Cluster (``redis+cluster://``): how many buckets the cache is split into; 0 = 3 x
     # the masters. Fixed by the first instance that starts (``strata:meta:buckets``).
     buckets: int = field(default=0, name="redis_buckets")
+    # On a cluster: how often the slot map is read again, so buckets follow a failover.
+    cluster_refresh_s: float = field(default=1.0, name="redis_cluster_refresh_s")
 
     @property
     def cluster(self) -> bool:

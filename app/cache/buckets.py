@@ -18,12 +18,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from redis.asyncio import Redis
+from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.backoff import NoBackoff
 from redis.retry import Retry
@@ -42,19 +43,44 @@ CLUSTER_SCHEME = "redis+cluster"
 MAX_TAG_PROBES = 100_000
 
 
-@dataclass(frozen=True)
+@dataclass
 class Bucket:
     """One keyspace and the connection its keys live on.
 
     Attributes:
         keys: The keyspace (``strata`` on one Redis, ``strata:{b7}`` in a cluster bucket).
-        redis: A connection to the Redis holding every key of the keyspace.
-        address: ``host:port`` of that Redis, for logs and ``/health``.
+        redis: A connection to the Redis holding every key of the keyspace; on a cluster it
+            follows the bucket's slot to another master (a failover), see :meth:`Buckets.follow`.
+        address: ``host:port`` of that Redis now.
+        tag: The bucket's hash tag on a cluster (``b7``), else empty.
     """
 
     keys: Keyspace
     redis: Redis
     address: str
+    tag: str = ""
+
+
+class BucketPool(ConnectionPool):
+    """The connections of one cluster bucket, which can be moved to another node: after a
+    failover every component keeps its client, and the client talks to the new master."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._made: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def make_connection(self) -> Any:
+        connection = super().make_connection()
+        self._made.add(connection)
+        return connection
+
+    async def move_to(self, host: str, port: int) -> None:
+        """Point every connection, idle, busy or future, at ``host:port`` (busy ones reconnect
+        on their next command: the failed one is a cache failure, counted as a miss)."""
+        self.connection_kwargs.update(host=host, port=port)
+        for connection in list(self._made):
+            connection.host, connection.port = host, port
+        await self.disconnect(inuse_connections=True)
 
 
 def cluster_nodes(url: str) -> list[tuple[str, int]]:
@@ -128,6 +154,27 @@ class Buckets:
     def clustered(self) -> bool:
         return self.all[0].keys != KEYS
 
+    async def follow(self) -> int:
+        """Re-read the cluster's slot map and move each bucket's connection to the master that
+        owns its slot now (a replica promoted after a failover, or a resharding). Returns how
+        many buckets moved; nothing to do on a single Redis."""
+        if not self.clustered:
+            return 0
+        assert isinstance(self.shared, RedisCluster)
+        await self.shared.nodes_manager.initialize()
+        moved = 0
+        for bucket in self.all:
+            node = self.shared.get_node_from_key(f"{{{bucket.tag}}}")
+            address = f"{node.host}:{node.port}"
+            if address != bucket.address:
+                logger.warning("bucket %s moved from %s to %s", bucket.keys.namespace, bucket.address, address)
+                pool = bucket.redis.connection_pool
+                assert isinstance(pool, BucketPool)
+                await pool.move_to(node.host, node.port)
+                bucket.address = address
+                moved += 1
+        return moved
+
     def of(self, tenant: str, category: str) -> int:
         """The index of the bucket holding a tenant's category."""
         return 0 if len(self.all) == 1 else bucket_of(tenant, category, len(self.all))
@@ -140,7 +187,7 @@ class Buckets:
         return self._by_namespace.get(head + "}") if rest.startswith(":") else None
 
     async def aclose(self) -> None:
-        """Close every connection (a master's is shared by its buckets)."""
+        """Close every connection."""
         closing: dict[int, Any] = {id(bucket.redis): bucket.redis for bucket in self.all}
         closing[id(self.shared)] = self.shared
         await asyncio.gather(*(client.aclose() for client in closing.values()), return_exceptions=True)
@@ -151,18 +198,19 @@ def connect_redis(settings: RedisSettings, **where: Any) -> Redis:
 
     Args:
         settings: Timeouts and pool size; its URL unless ``where`` names host and port.
-        **where: ``host`` and ``port`` of one cluster master.
+        **where: ``host`` and ``port`` of one cluster bucket's master (its own, movable pool).
     """
     options: dict[str, Any] = {
         "socket_timeout": settings.timeout_s, "socket_connect_timeout": settings.timeout_s,
-        "max_connections": settings.max_connections,
         # One immediate retry: it replaces a pooled connection that died with a Redis restart.
         "retry": Retry(NoBackoff(), 1), "health_check_interval": 30,
     }
     if where:
         # redisvl's search replies are parsed as RESP2 (redis-py 8 defaults to RESP3 on clusters).
-        return Redis(host=where["host"], port=where["port"], protocol=2, **options)
-    return Redis.from_url(settings.url, **options)
+        pool = BucketPool(host=where["host"], port=where["port"], protocol=2,
+                          max_connections=settings.max_connections, **options)
+        return Redis(connection_pool=pool)
+    return Redis.from_url(settings.url, max_connections=settings.max_connections, **options)
 
 
 async def open_buckets(settings: RedisSettings) -> Buckets:
@@ -192,14 +240,12 @@ async def open_buckets(settings: RedisSettings) -> Buckets:
     except BaseException:
         await cluster.aclose()
         raise
-    connections: dict[str, Redis] = {}
     buckets = []
     for tag in tags:
+        # A pool per bucket, not per master: after a resharding, buckets of one master may part.
         address = owner(tag)
-        if address not in connections:
-            host, _, port = address.rpartition(":")
-            connections[address] = connect_redis(settings, host=host, port=int(port))
-        buckets.append(Bucket(Keyspace.bucket(tag), connections[address], address))
+        host, _, port = address.rpartition(":")
+        buckets.append(Bucket(Keyspace.bucket(tag), connect_redis(settings, host=host, port=int(port)), address, tag))
     logger.info("Redis Cluster: %d masters, %d buckets (%s)", len(masters), len(buckets),
                 ", ".join(f"{b.keys.namespace}@{b.address}" for b in buckets))
     return Buckets(buckets, cluster)

@@ -26,10 +26,12 @@ answer no longer stand in each other's way, and one entry collects all its confi
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
 from statistics import NormalDist
 
 import msgspec
@@ -217,11 +219,21 @@ class PooledCounts:
 
 
 class PooledObservations:
-    """Reads pooled counts per (version, category), reusing them for ``POOLED_REFRESH_S``."""
+    """Reads pooled counts per (version, category), reusing them for ``POOLED_REFRESH_S``.
 
-    def __init__(self, redis: Redis, refresh_s: float = POOLED_REFRESH_S, keys: Keyspace = KEYS) -> None:
-        self._redis = redis
+    Args:
+        redis: The Redis of the keyspace.
+        refresh_s: How long counts read are reused.
+        keys: The keyspace.
+        sources: Every (Redis, keyspace) whose counts make up the pool, summed: on a cluster each
+            bucket counts the observations of its own entries, and the category's prior is all of
+            them. Only this keyspace's when empty.
+    """
+
+    def __init__(self, redis: Redis, refresh_s: float = POOLED_REFRESH_S, keys: Keyspace = KEYS,
+                 sources: Sequence[tuple[Redis, Keyspace]] = ()) -> None:
         self._keys = keys
+        self._sources = list(sources) or [(redis, keys)]
         self._refresh_s = refresh_s
         self._cache: dict[str, tuple[float, PooledCounts]] = {}
 
@@ -231,8 +243,11 @@ class PooledObservations:
         cached = self._cache.get(key)
         if cached is not None and now - cached[0] < self._refresh_s:
             return cached[1]
-        raw = await self._redis.hgetall(key)
-        counts = PooledCounts({k.decode() if isinstance(k, bytes) else k: int(v) for k, v in raw.items()})
+        raws = await asyncio.gather(*(redis.hgetall(keys.observations_key(tag, category)) for redis, keys in self._sources))
+        fields: Counter[str] = Counter()
+        for raw in raws:
+            fields.update({k.decode() if isinstance(k, bytes) else k: int(v) for k, v in raw.items()})
+        counts = PooledCounts(dict(fields))
         self._cache[key] = (now, counts)
         return counts
 

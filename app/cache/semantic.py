@@ -13,6 +13,7 @@ import copy
 import logging
 import random
 from collections import OrderedDict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -87,13 +88,14 @@ class SemanticCache:
     def __init__(
         self, redis: Redis, embedder: Embedder, schema_path: Path, check: CandidateCheck | None = None, *,
         memo_size: int = 4096, learning_refresh_s: float = 1.0, keys: Keyspace = KEYS,
+        pool_sources: Sequence[tuple[Redis, Keyspace]] = (),
     ) -> None:
         self._redis = redis
         self.keys = keys
         self._embedder = embedder
         self._schema_template = yaml.safe_load(schema_path.read_text(encoding="utf-8"))
         self._check = check or CandidateCheck(ThresholdVerifier())
-        self.pooled = PooledObservations(redis, learning_refresh_s, keys)
+        self.pooled = PooledObservations(redis, learning_refresh_s, keys, pool_sources)
         # Which would-be hits are explored: random across questions and across repeats of one
         # question (a question served wrongly is checked again), and seeded, so that a replay of
         # a stream in one process makes the same draws every time.

@@ -1,5 +1,6 @@
-"""A Redis Cluster of the test session's own: three Redis Stack masters on free ports
-(redis-stack/cluster.sh), stopped and removed afterwards."""
+"""Redis Clusters of the test session's own (redis-stack/cluster.sh), on free ports, stopped and
+removed afterwards: three Redis Stack masters, and for the failover test three masters each with
+a replica."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import os
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -16,19 +20,41 @@ from tests.support import free_port
 pytestmark = pytest.mark.cluster
 
 
-@pytest.fixture(scope="session")
-def cluster_ports() -> Iterator[list[int]]:
+@dataclass(frozen=True)
+class LocalCluster:
+    """A running local cluster: its masters' and replicas' ports, and where each node keeps its pid."""
+
+    ports: list[int]
+    replica_ports: list[int]
+    folder: Path
+
+    def pid(self, port: int) -> int:
+        return int((self.folder / str(port) / "redis.pid").read_text())
+
+
+@contextmanager
+def local_cluster(replicas: bool = False) -> Iterator[LocalCluster]:
     ports, bus_ports = [free_port() for _ in range(3)], [free_port() for _ in range(3)]
+    replica_ports = [free_port() for _ in range(3)] if replicas else []
+    replica_bus = [free_port() for _ in replica_ports]
     with tempfile.TemporaryDirectory(prefix="strata-cluster-") as folder:
         env = {**os.environ, "STACK_CLUSTER_PORTS": " ".join(map(str, ports)),
                "STACK_CLUSTER_BUS_PORTS": " ".join(map(str, bus_ports)), "STACK_CLUSTER_DIR": folder,
+               "STACK_CLUSTER_REPLICA_PORTS": " ".join(map(str, replica_ports)),
+               "STACK_CLUSTER_REPLICA_BUS_PORTS": " ".join(map(str, replica_bus)),
                "STACK_PYTHON": str(ROOT / ".venv" / "bin" / "python")}
         script = str(ROOT / "redis-stack" / "cluster.sh")
-        started = subprocess.run(["bash", script, "start"], env=env, capture_output=True, text=True, timeout=60)
+        started = subprocess.run(["bash", script, "start"], env=env, capture_output=True, text=True, timeout=90)
         if started.returncode != 0:
             subprocess.run(["bash", script, "stop"], env=env, check=False, capture_output=True, timeout=60)
             raise RuntimeError(f"redis-stack/cluster.sh start failed: {started.stdout}{started.stderr}")
         try:
-            yield ports
+            yield LocalCluster(ports, replica_ports, Path(folder))
         finally:
             subprocess.run(["bash", script, "stop"], env=env, check=False, capture_output=True, timeout=60)
+
+
+@pytest.fixture(scope="session")
+def cluster_ports() -> Iterator[list[int]]:
+    with local_cluster() as cluster:
+        yield cluster.ports
