@@ -90,11 +90,77 @@ def memory_per_question(url: str) -> tuple[float, float, int, int]:
     return entry_bytes / max(documents + exact, 1), index_bytes / per, documents, exact
 
 
+def reset_stats(url: str) -> None:
+    for node in nodes_of(url):
+        node.config_resetstat()
+        node.close()
+
+
+def redis_usec(url: str) -> float:
+    """Microseconds every master spent in commands since the last reset (INFO commandstats)."""
+    total = 0.0
+    for node in nodes_of(url):
+        total += sum(float(stats["usec"]) for stats in node.info("commandstats").values())
+        node.close()
+    return total
+
+
+def memory_at_scale(url: str, documents: int, dims: int) -> tuple[float, float]:
+    """Bytes of Redis memory per semantic document at ``documents`` documents in one index of
+    Strata's schema (``used_memory`` before and after, and the index's own share from FT.INFO).
+
+    The documents are shaped like Strata's (a question, a completion JSON of about 600 bytes, the
+    tags, a float32 embedding of ``dims``), with random unit vectors."""
+    import copy
+
+    import numpy as np
+    import yaml
+    from redisvl.index import SearchIndex
+
+    from app.cache.keys import Keyspace
+
+    keys = Keyspace("bench-memory")
+    schema = yaml.safe_load((ROOT / "schemas" / "semantic_index.yaml").read_text(encoding="utf-8"))
+    schema = copy.deepcopy(schema)
+    schema["index"]["name"], schema["index"]["prefix"] = keys.semantic_index_name("v1"), keys.semantic_prefix("v1")
+    for field in schema["fields"]:
+        if field["name"] == "embedding":
+            field["attrs"]["dims"] = dims
+    client = redis.Redis.from_url(url, protocol=2)
+    index = SearchIndex.from_dict(schema, redis_client=client)
+    index.create(overwrite=True, drop=True)
+    before = client.info("memory")["used_memory"]
+    rng = np.random.default_rng(0)
+    answer = '{"id":"chatcmpl-x","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,' \
+             '"message":{"role":"assistant","content":"' + "x" * 420 + '"},"finish_reason":"stop"}],"usage":{}}'
+    pipe = client.pipeline(transaction=False)
+    for i in range(documents):
+        vector = rng.standard_normal(dims).astype(np.float32)
+        vector /= np.linalg.norm(vector)
+        key = f"{keys.semantic_prefix('v1')}{i:064x}"
+        pipe.hset(key, mapping={"question": f"how do i change the delivery address of order {i}", "answer": answer,
+                                "scope": f"{i % 50:064x}", "category": "faq", "tenant": f"t{i % 50}", "model": "m",
+                                "root": key, "created_at": 1, "expires_at": 2, "hits": 0,
+                                "embedding": vector.tobytes()})
+        if i % 500 == 499:
+            pipe.execute()
+    pipe.execute()
+    while int(index.info()["indexing"]):
+        time.sleep(0.2)
+    after = client.info("memory")["used_memory"]
+    info = index.info()
+    index_mb = float(info["total_index_memory_sz_mb"]) + float(info["vector_index_sz_mb"])
+    index.delete(drop=True)
+    client.close()
+    return (after - before) / documents, index_mb * 1024 * 1024 / documents
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=int, default=10, help="seconds per wrk run")
     parser.add_argument("--rounds", type=int, default=2, help="runs per row and arm, taken in turns")
     parser.add_argument("--pairs", type=int, default=300, help="paraphrase pairs to fill each cache with")
+    parser.add_argument("--documents", type=int, default=20_000, help="documents for the memory-at-scale row")
     parser.add_argument("--out", default=str(OUT))
     args = parser.parse_args()
     if shutil.which("wrk") is None:
@@ -109,17 +175,21 @@ def main() -> int:
         bodies = {arm: fill(served[arm], pairs, CATEGORY) for arm in arms}
         memory = {arm: memory_per_question(urls[arm]) for arm in arms}
         runs: dict[tuple[str, str, int], list[Run]] = {}
+        usec: dict[tuple[str, str], list[float]] = {}
         for _ in range(args.rounds):
             for kind in ("exact", "semantic"):
                 for concurrency in (1, 16):
                     for arm in arms:
                         exact, semantic = bodies[arm]
+                        reset_stats(urls[arm])
                         run = wrk(served[arm], exact if kind == "exact" else semantic, concurrency, args.duration,
                                   kind, CATEGORY)
+                        usec.setdefault((kind, arm), []).append(redis_usec(urls[arm]) / max(run.requests, 1))
                         print(f"{arm} {kind} c={concurrency}: p50 {run.p50_ms:.2f} ms {run.rps:,.0f} req/s {run.outcomes}")
                         runs.setdefault((kind, arm, concurrency), []).append(run)
+        scale = memory_at_scale(urls[arms[0]], args.documents, 512)
     command = "python -m bench.cluster" + (f" {' '.join(sys.argv[1:])}" if sys.argv[1:] else "")
-    text = report(runs, memory, bodies, arms, source, command, started, args)
+    text = report(runs, memory, bodies, arms, source, command, started, args, usec, scale)
     existing = Path(args.out).read_text(encoding="utf-8") if Path(args.out).exists() else ""
     marker = "\n## Analysis"
     analysis = existing[existing.index(marker):] if marker in existing else ""
@@ -130,7 +200,8 @@ def main() -> int:
 
 def report(runs: dict[tuple[str, str, int], list[Run]], memory: dict[str, tuple[float, float, int, int]],
            bodies: dict[str, tuple[list[str], list[str]]], arms: tuple[str, ...], source: str, command: str,
-           started: str, args: argparse.Namespace) -> str:
+           started: str, args: argparse.Namespace, usec: dict[tuple[str, str], list[float]],
+           scale: tuple[float, float]) -> str:
     def p50(kind: str, arm: str, concurrency: int) -> float:
         return statistics.mean(r.p50_ms for r in runs[(kind, arm, concurrency)])
 
@@ -153,7 +224,12 @@ def report(runs: dict[tuple[str, str, int], list[Run]], memory: dict[str, tuple[
             one, many = p50(kind, arms[0], concurrency), p50(kind, arms[1], concurrency)
             lines.append(f"| {kind} | {concurrency} | {one:.2f} | {many:.2f} | {many - one:+.2f} | "
                          f"{rps(kind, arms[0], concurrency):,.0f} | {rps(kind, arms[1], concurrency):,.0f} |")
-    lines += ["", "Each run, in the order taken:", "",
+    lines += ["", "Redis's own time per hit (`INFO commandstats` of every master, reset before each run, "
+              "divided by the run's requests; mean over the runs of both concurrencies):", "",
+              "| hit path | 1 node µs | cluster µs |", "|---|---:|---:|"]
+    for kind in ("exact", "semantic"):
+        lines.append(f"| {kind} | {statistics.mean(usec[(kind, arms[0])]):.1f} | {statistics.mean(usec[(kind, arms[1])]):.1f} |")
+    lines += ["", "Each run, grouped by row and arm:", "",
               "| hit path | concurrency | arm | p50 ms | p99 ms | req/s | errors |", "|---|---:|---|---:|---:|---:|---:|"]
     for (kind, arm, concurrency), taken in sorted(runs.items()):
         for run in taken:
@@ -164,6 +240,9 @@ def report(runs: dict[tuple[str, str, int], list[Run]], memory: dict[str, tuple[
     for arm in arms:
         entry, index, documents, exact = memory[arm]
         lines.append(f"| {arm} | {exact} | {documents} | {entry:,.0f} | {index:,.0f} |")
+    lines += ["", f"At scale, {args.documents:,} documents shaped like Strata's (512-dim float32, a 600-byte answer) in "
+              f"one index of `schemas/semantic_index.yaml` on the single node: **{scale[0]:,.0f} bytes of `used_memory` "
+              f"per document**, of which the index (FT.INFO: vector index and the rest) {scale[1]:,.0f}."]
     hits = {arm: (len(bodies[arm][0]), len(bodies[arm][1])) for arm in arms}
     lines += ["", f"Hit bodies found by filling (exact, semantic): {hits}.", ""]
     return "\n".join(lines)
