@@ -100,12 +100,15 @@ logs:
 test: test-deps
 	vllm/vllm.sh install
 	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider --redis-cluster tests/integration
 
-# The Redis Cluster suite alone: a 3-master cluster of Redis Stack nodes on free ports
-# (redis-stack/cluster.sh), started and removed by the suite. Today it checks the facts the
-# cluster design rests on (docs/SCALING.md); Strata itself does not run on a cluster yet.
+# Strata on Redis Clusters of its own (3 Redis Stack masters on free ports, redis-stack/cluster.sh,
+# started and removed by the suite): the cluster suite (facts, cluster mode, a master killed under
+# a replica), then the whole integration suite with a cluster in place of the one Redis (tests
+# marked single_node, which stop or kill one Redis process, are skipped there). docs/SCALING.md.
 test-cluster: test-deps
 	$(PY) -m pytest -q -p no:cacheprovider tests/cluster
+	$(PY) -m pytest -q -p no:cacheprovider --redis-cluster tests/integration
 
 # Everything but the end-to-end suite.
 test-fast: test-deps

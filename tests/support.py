@@ -255,3 +255,77 @@ class FakeUpstream:
         yield event([{"index": 0, "delta": {}, "finish_reason": self.finish_reason}])
         yield event([], usage=usage)
         yield b"data: [DONE]\n\n"
+
+
+# The same tests run on one Redis and, with `pytest --redis-cluster`, on a Redis Cluster whose
+# keys live in buckets (`strata:{b7}:...`, app/cache/buckets.py). These helpers let a test name
+# keys in the single-node layout and read them wherever they are.
+
+def clustered(client: Any) -> bool:
+    from redis.cluster import RedisCluster
+
+    return isinstance(client, RedisCluster)
+
+
+def layout(client: Any, name: str) -> str:
+    """A single-node key name or SCAN pattern (``strata:v1:exact:*``) as it is on the test Redis:
+    itself on one Redis, the same name in any bucket (``strata:{*}:v1:exact:*``) on a cluster."""
+    if not clustered(client) or name.startswith(("strata:meta:usage", "strata:meta:tokens", "strata:meta:audit",
+                                                  "strata:meta:buckets")):
+        return name  # single keys outside any bucket
+    return name.replace("strata:", "strata:{*}:", 1)
+
+
+def scan(client: Any, pattern: str) -> list[bytes]:
+    """Every key matching a single-node pattern, on every master."""
+    return list(client.scan_iter(match=layout(client, pattern)))
+
+
+def keyspace(client: Any, tenant: str = "default", category: str = "business") -> Any:
+    """The keyspace a (tenant, category) is cached in: the plain one, or its cluster bucket's."""
+    from app.cache.buckets import bucket_of
+    from app.cache.keys import BUCKETS_KEY, KEYS, Keyspace
+
+    if not clustered(client):
+        return KEYS
+    tags = client.get(BUCKETS_KEY).decode().split(",")
+    return Keyspace.bucket(tags[bucket_of(tenant, category, len(tags))])
+
+
+def every_keyspace(client: Any) -> list[Any]:
+    from app.cache.keys import BUCKETS_KEY, KEYS, Keyspace
+
+    if not clustered(client):
+        return [KEYS]
+    return [Keyspace.bucket(tag) for tag in client.get(BUCKETS_KEY).decode().split(",")]
+
+
+def node_of(client: Any, key: str) -> Any:
+    """A plain connection to the Redis holding ``key`` (FT.* commands go to an index's master)."""
+    import redis
+
+    if not clustered(client):
+        return client
+    node = client.get_node_from_key(key)
+    return redis.Redis(host=node.host, port=node.port)
+
+
+def indexes(client: Any) -> set[str]:
+    """The names of every RediSearch index, on every master."""
+    import redis
+
+    nodes = [client] if not clustered(client) else [redis.Redis(host=n.host, port=n.port) for n in client.get_primaries()]
+    return {name.decode() for node in nodes for name in node.execute_command("FT._LIST")}
+
+
+async def first_bucket(redis_url: str) -> tuple[Any, Any]:
+    """(a connection, its keyspace) where a component test can run a layer on its own: the test
+    Redis itself, or on a cluster its first bucket (a single Redis, as the layers see it)."""
+    from app.cache.buckets import open_buckets
+    from app.settings import RedisSettings
+
+    buckets = await open_buckets(RedisSettings(url=redis_url, timeout_s=5.0))
+    bucket = buckets.all[0]
+    if buckets.shared is not bucket.redis:
+        await buckets.shared.aclose()
+    return bucket.redis, bucket.keys

@@ -291,9 +291,8 @@ class BucketedInvalidator(CacheInvalidator):
         if kind in ("everything", "scope"):
             # Each bucket's lookups check their own copy atomically: no bucket is half-invalidated.
             done = await asyncio.gather(*(each.carry_out(what) for each in self._each))
-            first = done[0]
-            return Invalidated(kind=kind, target=f"{first.target} in {len(done)} buckets", version=first.version,
-                               generation_field=first.generation_field)
+            logger.info("%s moved in %d buckets", done[0].target, len(done))
+            return done[0]
         if kind in ("key", "question"):
             key = what.key if what.key is not None else await self.entry_of_question(what)
             return Invalidated(kind=kind, target=key, deleted=await self.for_key(key)._delete_entry(key))

@@ -211,7 +211,7 @@ def test_the_cli_invalidates_and_inspects_on_the_cluster(warmed: tuple[str, str,
     assert json.loads(inspected.stdout)["key"] == key
     done = run_cli("cache", "invalidate", "--category", "general", "--json", env=env)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["target"] == "category:general in 9 buckets"
+    assert json.loads(done.stdout)["target"] == "category:general"
     assert all(ask(one, "how do i get a refund", key=k, headers=GENERAL).headers["x-cache"] == "miss"
                for k in keys.values())
 

@@ -6,7 +6,7 @@ import httpx
 import pytest
 import redis
 
-from tests.support import FakeUpstream
+from tests.support import FakeUpstream, scan
 
 CASES = [
     (b'{"model": "m", "messages": [', None, "invalid_json"),
@@ -41,7 +41,7 @@ def test_bad_requests_get_openai_shaped_400(
     if param:
         assert param.split(".")[-1].split("[")[0] in error["message"]
     assert fake_upstream.calls == []
-    assert list(redis_sync.scan_iter(match="strata:v*")) == []
+    assert list(scan(redis_sync, "strata:v*")) == []
 
 
 def test_unknown_route_and_wrong_method_are_openai_shaped(client: httpx.Client) -> None:

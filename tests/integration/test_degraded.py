@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from tests.integration.conftest import chat, strata_settings
 from tests.support import FakeUpstream, free_port, serve_strata
 
 
+@pytest.mark.single_node("a dead single Redis; in cluster mode Strata needs the cluster at start-up to learn its slots")
 def test_redis_down_means_bypass_and_degraded_health(fake_upstream: FakeUpstream) -> None:
     fake_upstream.reset()
     dead_redis = f"redis://127.0.0.1:{free_port()}/0"

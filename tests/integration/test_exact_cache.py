@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from tests.integration.conftest import ADMIN_TOKEN, MODEL, chat, strata_settings
-from tests.support import FakeUpstream, serve_strata
+from tests.support import FakeUpstream, every_keyspace, keyspace, scan, serve_strata
 
 
 def test_miss_then_exact_hit_calls_upstream_once(client: httpx.Client, fake_upstream: FakeUpstream) -> None:
@@ -76,7 +76,7 @@ def test_entries_expire_with_their_category_ttl(
     short = {"X-Cache-Category": "short"}
     client.post("/v1/chat/completions", json=chat("ttl"), headers=short)
     assert client.post("/v1/chat/completions", json=chat("ttl"), headers=short).headers["x-cache"] == "exact-hit"
-    keys = list(redis_sync.scan_iter(match="strata:v1:exact:*"))
+    keys = list(scan(redis_sync, "strata:v1:exact:*"))
     assert len(keys) == 1 and 0 < redis_sync.ttl(keys[0]) <= 1
     time.sleep(1.2)
     assert client.post("/v1/chat/completions", json=chat("ttl"), headers=short).headers["x-cache"] == "miss"
@@ -84,7 +84,7 @@ def test_entries_expire_with_their_category_ttl(
     assert client.post("/v1/chat/completions", json=chat("ttl"), headers={"X-Cache-Category": "general"}).headers["x-cache"] == "miss"
     # The default category keeps it far longer.
     client.post("/v1/chat/completions", json=chat("long"))
-    long_key = next(k for k in redis_sync.scan_iter(match="strata:v1:exact:*") if redis_sync.hget(k, "category") == b"business")
+    long_key = next(k for k in scan(redis_sync, "strata:v1:exact:*") if redis_sync.hget(k, "category") == b"business")
     assert 890 < redis_sync.ttl(long_key) <= 900
 
 
@@ -117,7 +117,7 @@ def test_truncated_answers_are_not_cached(client: httpx.Client, fake_upstream: F
     fake_upstream.finish_reason = "length"
     assert client.post("/v1/chat/completions", json=chat("long")).headers["x-cache"] == "miss"
     assert client.post("/v1/chat/completions", json=chat("long")).headers["x-cache"] == "miss"
-    assert list(redis_sync.scan_iter(match="strata:v1:exact:*")) == []
+    assert list(scan(redis_sync, "strata:v1:exact:*")) == []
 
 
 def test_invalidation_bumps_the_version_and_sweeps_old_entries(
@@ -129,21 +129,22 @@ def test_invalidation_bumps_the_version_and_sweeps_old_entries(
     assert client.post("/admin/cache/invalidate", headers={"Authorization": "Bearer wrong"}).status_code == 401
     bumped = client.post("/admin/cache/invalidate", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
     assert bumped.status_code == 200 and bumped.json() == {"previous_version": "v1", "version": "v2"}
-    assert redis_sync.get("strata:meta:version") == b"2"
+    assert redis_sync.get(keyspace(redis_sync).version_key) == b"2"
     assert client.post("/v1/chat/completions", json=chat("inv")).headers["x-cache"] == "miss"
     assert client.post("/v1/chat/completions", json=chat("inv")).headers["x-cache"] == "exact-hit"
     deadline = time.monotonic() + 5
-    while list(redis_sync.scan_iter(match="strata:v1:*")) and time.monotonic() < deadline:
+    while list(scan(redis_sync, "strata:v1:*")) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert list(redis_sync.scan_iter(match="strata:v1:*")) == []
-    assert len(list(redis_sync.scan_iter(match="strata:v2:exact:*"))) == 1
+    assert list(scan(redis_sync, "strata:v1:*")) == []
+    assert len(list(scan(redis_sync, "strata:v2:exact:*"))) == 1
 
 
 def test_a_bump_by_another_process_takes_effect_at_once(
     client: httpx.Client, fake_upstream: FakeUpstream, redis_sync: redis.Redis
 ) -> None:
     client.post("/v1/chat/completions", json=chat("other"))
-    redis_sync.incr("strata:meta:version")  # as another worker's /admin/cache/invalidate would
+    for keys in every_keyspace(redis_sync):
+        redis_sync.incr(keys.version_key)  # as another worker's /admin/cache/invalidate would
     assert client.post("/v1/chat/completions", json=chat("other")).headers["x-cache"] == "miss"
     assert len(fake_upstream.calls) == 2
 
@@ -151,7 +152,7 @@ def test_a_bump_by_another_process_takes_effect_at_once(
 def test_entries_are_readable_hashes(client: httpx.Client, redis_sync: redis.Redis) -> None:
     client.post("/v1/chat/completions", json=chat("怎么退货"), headers={"X-Cache-Category": "faq"})
     client.post("/v1/chat/completions", json=chat("怎么退货"), headers={"X-Cache-Category": "faq"})
-    [key] = redis_sync.scan_iter(match="strata:v1:exact:*")
+    [key] = scan(redis_sync, "strata:v1:exact:*")
     assert len(key.decode().rsplit(":", 1)[1]) == 64
     entry = {k.decode(): v.decode() for k, v in redis_sync.hgetall(key).items()}
     assert entry["question"] == "怎么退货" and entry["category"] == "faq" and entry["model"] == MODEL
@@ -223,7 +224,7 @@ def test_a_corrupt_entry_is_a_counted_miss_and_gets_overwritten(
     client: httpx.Client, fake_upstream: FakeUpstream, redis_sync: redis.Redis
 ) -> None:
     client.post("/v1/chat/completions", json=chat("corrupt"))
-    [key] = redis_sync.scan_iter(match="strata:v1:exact:*")
+    [key] = scan(redis_sync, "strata:v1:exact:*")
     redis_sync.hset(key, "answer", "not json at all")  # an operator's hand edit
     response = client.post("/v1/chat/completions", json=chat("corrupt"))
     assert response.status_code == 200 and response.headers["x-cache"] == "miss"
@@ -248,7 +249,7 @@ def test_answers_cut_by_the_clients_own_limit_are_exact_hits_but_never_semantic(
     assert client.post("/v1/chat/completions", json=chat("long story", max_tokens=5)).headers["x-cache"] == "miss"
     assert client.post("/v1/chat/completions", json=chat("long story", max_tokens=5)).headers["x-cache"] == "exact-hit"
     assert client.post("/v1/chat/completions", json=chat("long story", max_tokens=6)).headers["x-cache"] == "miss"
-    assert list(redis_sync.scan_iter(match="strata:v1:sem:*")) == []
+    assert list(scan(redis_sync, "strata:v1:sem:*")) == []
     assert len(fake_upstream.calls) == 2
 
 
@@ -265,5 +266,5 @@ def test_learned_max_tokens_replace_the_default_once_answers_are_known(
     assert sent == [64, 64, 64, 16]  # the default (64 here) until 3 answers, then 2 x p95 (8), at least 16
     assert named.status_code == 200 and fake_upstream.calls[-1]["max_tokens"] == 40  # a client's own limit stands
     assert 'strata_learned_max_tokens{category="business"} 16.0' in metrics
-    stats = redis_sync.keys("strata:meta:tokens:business:*")
+    stats = scan(redis_sync, "strata:meta:tokens:business:*")
     assert len(stats) == 1 and redis_sync.hget(stats[0], "n") == b"5" and redis_sync.ttl(stats[0]) > 0

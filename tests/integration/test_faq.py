@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from tests.integration.conftest import strata_settings
-from tests.support import FakeUpstream, ask, run_cli, serve_strata
+from tests.support import FakeUpstream, ask, every_keyspace, run_cli, scan, serve_strata
 
 GENERAL = {"X-Cache-Category": "general"}
 FAQ_FILE = """
@@ -30,6 +30,11 @@ FAQ_FILE = """
 def faq_strata(redis_url: str, fake_upstream: FakeUpstream, use_encoder: Any) -> Iterator[str]:
     with serve_strata(strata_settings(redis_url, fake_upstream.url, semantic_enabled=True), use_encoder) as server:
         yield server.url
+
+
+def faq_members(redis_sync: redis.Redis, name: str) -> set[str]:
+    """The keys a curated file wrote, in every keyspace (a cluster keeps a set per bucket)."""
+    return {m.decode() for keys in every_keyspace(redis_sync) for m in redis_sync.smembers(keys.faq_set_key("v1", name))}
 
 
 def load(path: Path, redis_url: str, *extra: str) -> Any:
@@ -53,21 +58,23 @@ def test_curated_answers_serve_their_questions_and_variants_in_any_model(
     assert ask(faq_strata, "How do I return an item?", headers=GENERAL).headers["x-cache-source"] == "model"
     assert ask(faq_strata, "怎么申请退款", headers={"X-Cache-Category": "short"}).headers["x-cache"] == "miss"
     assert not fake_upstream.judge_calls
-    members = {m.decode() for m in redis_sync.smembers("strata:v1:faqset:shop")}
-    assert len(members) == 4 and all(m.startswith("strata:v1:sem:faq-") for m in members)
+    members = faq_members(redis_sync, "shop")
+    prefixes = tuple(keys.semantic_prefix("v1") + "faq-" for keys in every_keyspace(redis_sync))
+    assert len(members) == 4 and all(m.startswith(prefixes) for m in members)
     # Variants are positive observations kept on their entry (curated:<bin>), neither in the
     # category's pool nor among the confirmations that let an entry vouch.
     entries = [m for m in members if redis_sync.hget(m, "question") in ("怎么申请退款".encode(),)]
     fields = redis_sync.hgetall(entries[0])
     assert sum(int(v) for k, v in fields.items() if k.startswith(b"curated:")) == 2
-    assert not any(k.startswith(b"confirmed:") for k in fields) and not redis_sync.exists("strata:v1:obs:general")
+    assert not any(k.startswith(b"confirmed:") for k in fields)
+    assert not any(redis_sync.exists(keys.observations_key("v1", "general")) for keys in every_keyspace(redis_sync))
 
     # Reloading replaces the file's entries: the old answer and its keys are gone at once.
     path.write_text(FAQ_FILE.replace("三个工作日", "五个工作日").replace("[退款怎么申请, 如何申请退款]", "[退款怎么申请]"),
                     encoding="utf-8")
     assert load(path, redis_url).returncode == 0
     assert "五个工作日" in ask(faq_strata, "如何申请退款呀", headers=GENERAL).json()["choices"][0]["message"]["content"]
-    reloaded = {m.decode() for m in redis_sync.smembers("strata:v1:faqset:shop")}
+    reloaded = faq_members(redis_sync, "shop")
     assert len(reloaded) == 3 and members - reloaded and not any(redis_sync.exists(m) for m in members - reloaded)
 
 
@@ -76,7 +83,7 @@ def test_a_bad_file_exits_2_and_changes_nothing(redis_url: str, redis_sync: redi
     good.write_text(FAQ_FILE, encoding="utf-8")
     assert load(good, redis_url).returncode == 0
     def stored() -> list[bytes]:  # every key but the usage counts servers of other tests keep adding
-        return sorted(k for k in redis_sync.scan_iter(match="strata:*") if not k.startswith(b"strata:meta:usage:"))
+        return sorted(k for k in scan(redis_sync, "strata:*") if not k.startswith(b"strata:meta:usage:"))
 
     before = stored()
     for text, message in ((FAQ_FILE.replace("category: general", "category: nowhere", 1), "unknown category"),

@@ -15,7 +15,7 @@ import redis
 
 from app.auth import add_key
 from tests.integration.conftest import ADMIN_TOKEN, strata_settings
-from tests.support import FakeUpstream, ask, run_cli, serve_strata
+from tests.support import FakeUpstream, ask, every_keyspace, keyspace, run_cli, scan, serve_strata
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}", "X-Strata-Operator": "tests"}
 CATEGORIES = ("business", "general")
@@ -43,8 +43,13 @@ def invalidate(url: str, body: dict[str, Any] | None = None, headers: dict[str, 
     return httpx.post(url + "/admin/cache/invalidate", json=body, headers=ADMIN if headers is None else headers)
 
 
+def scopes_and_versions(redis_sync: redis.Redis) -> list[Any]:
+    """Every keyspace's scope counters and version (one on a single Redis, one per bucket on a cluster)."""
+    return [(redis_sync.hgetall(keys.scopes_key), redis_sync.get(keys.version_key)) for keys in every_keyspace(redis_sync)]
+
+
 def entry_keys(redis_sync: redis.Redis) -> set[bytes]:
-    return {k for k in redis_sync.scan_iter(match="strata:v*:*") if b":exact:" in k or b":sem:" in k}
+    return {k for k in scan(redis_sync, "strata:v*:*") if b":exact:" in k or b":sem:" in k}
 
 
 @pytest.fixture
@@ -65,7 +70,7 @@ def test_a_category_of_one_tenant_is_invalidated_and_nothing_else(warmed: tuple[
     response = invalidate(one, {"category": "business", "tenant": "shop-a"})
     assert response.status_code == 200, response.text
     assert response.json()["generation_field"] == "category:business|tenant:shop-a"
-    assert redis_sync.hget("strata:meta:scopes", "category:business|tenant:shop-a") == b"1"
+    assert redis_sync.hget(keyspace(redis_sync, "shop-a", "business").scopes_key, "category:business|tenant:shop-a") == b"1"
     # The other worker sees it on its very next request; every other scope still hits.
     after = ask_all(two, keys)
     gone = {k for k, v in after.items() if v == "miss"}
@@ -133,18 +138,18 @@ def test_one_entry_by_key_and_by_question(warmed: tuple[str, str, dict[str, str]
 def test_bad_invalidations_are_4xx_and_change_nothing(warmed: tuple[str, str, dict[str, str]], redis_sync: redis.Redis,
                                                       body: dict[str, Any]) -> None:
     one, _, keys = warmed
-    before = (entry_keys(redis_sync), redis_sync.hgetall("strata:meta:scopes"), redis_sync.get("strata:meta:version"))
+    before = (entry_keys(redis_sync), scopes_and_versions(redis_sync))
     response = invalidate(one, body)
     assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_invalidation", response.text
-    assert (entry_keys(redis_sync), redis_sync.hgetall("strata:meta:scopes"), redis_sync.get("strata:meta:version")) == before
+    assert (entry_keys(redis_sync), scopes_and_versions(redis_sync)) == before
 
 
 def test_an_invalidation_needs_the_admin_token(warmed: tuple[str, str, dict[str, str]], redis_sync: redis.Redis) -> None:
     one, _, _ = warmed
-    scopes = redis_sync.hgetall("strata:meta:scopes")
+    scopes = scopes_and_versions(redis_sync)
     assert invalidate(one, {"category": "business"}, headers={}).status_code == 401
     assert invalidate(one, {"category": "business"}, headers={"Authorization": "Bearer wrong"}).status_code == 401
-    assert redis_sync.hgetall("strata:meta:scopes") == scopes
+    assert scopes_and_versions(redis_sync) == scopes
 
 
 def test_the_audit_stream_records_who_what_when_and_stays_capped(warmed: tuple[str, str, dict[str, str]],
@@ -176,7 +181,7 @@ def test_a_curated_file_is_invalidated_by_its_name(warmed: tuple[str, str, dict[
     assert asked.headers.get("x-cache-source") == "faq"
     response = invalidate(one, {"faq": "returns"})
     assert response.status_code == 200 and response.json()["deleted"] >= 1
-    assert not list(redis_sync.scan_iter(match="strata:v*:sem:faq-*"))
+    assert not list(scan(redis_sync, "strata:v*:sem:faq-*"))
     assert invalidate(one, {"faq": "returns"}).status_code == 404
 
 
@@ -189,11 +194,11 @@ def test_the_cli_mirrors_the_endpoint(warmed: tuple[str, str, dict[str, str]], r
     assert json.loads(done.stdout)["target"] == "category:business|tenant:shop-b"
     after = ask_all(two, keys)
     assert {k for k, v in after.items() if v == "miss"} == {("shop-b", "business", q) for q in QUESTIONS}
-    scopes = redis_sync.hgetall("strata:meta:scopes")
+    scopes = scopes_and_versions(redis_sync)
     bad = run_cli("cache", "invalidate", "--category", "nope", env=env)
     assert bad.returncode == 2 and "unknown category" in bad.stderr
     assert run_cli("cache", "invalidate", env=env).returncode == 2
-    assert redis_sync.hgetall("strata:meta:scopes") == scopes
+    assert scopes_and_versions(redis_sync) == scopes
     audit = run_cli("cache", "audit", "--count", "3", env=env)
     assert audit.returncode == 0 and "category:business|tenant:shop-b" in audit.stdout and "(cli)" in audit.stdout
 

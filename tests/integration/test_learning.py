@@ -18,10 +18,9 @@ from app.replay.simulate import run_simulated
 from app.replay.streams import Request
 from app.settings import Settings
 from tests.integration.conftest import ADMIN_TOKEN, strata_settings
-from tests.support import FakeUpstream, ask, serve_strata
+from tests.support import FakeUpstream, ask, keyspace, scan, serve_strata
 
 LEARN = {"X-Cache-Category": "learn"}
-POOL = "strata:v1:obs:learn"
 REFUND = "To get a refund, open the order page and press Refund; see guide 12."
 LIMIT = "Credit limits are raised in the app under Cards, Limits, after a review."
 PROGRESS = "Refund progress is on the order page under Status, updated within 3 days; see guide 40."
@@ -50,12 +49,17 @@ def eventually(check: Callable[[], Any], timeout: float = 5.0) -> Any:
         time.sleep(0.05)
 
 
-def pool_counts(redis_sync: redis.Redis) -> dict[str, int]:
-    return {k.decode(): int(v) for k, v in redis_sync.hgetall(POOL).items()}
+def pool_key(redis_sync: redis.Redis, category: str = "learn") -> str:
+    """The key of a category's pooled observations (the default tenant's bucket on a cluster)."""
+    return keyspace(redis_sync, "default", category).observations_key("v1", category)
+
+
+def pool_counts(redis_sync: redis.Redis, category: str = "learn") -> dict[str, int]:
+    return {k.decode(): int(v) for k, v in redis_sync.hgetall(pool_key(redis_sync, category)).items()}
 
 
 def sem_doc(redis_sync: redis.Redis, question: str) -> tuple[str, dict[str, bytes]]:
-    for key in redis_sync.scan_iter(match="strata:v1:sem:*"):
+    for key in scan(redis_sync, "strata:v1:sem:*"):
         fields = redis_sync.hgetall(key)
         if fields.get(b"question") == question.encode():
             return key.decode(), {k.decode(): v for k, v in fields.items()}
@@ -65,14 +69,14 @@ def sem_doc(redis_sync: redis.Redis, question: str) -> tuple[str, dict[str, byte
 def forget_question(redis_sync: redis.Redis, question: str) -> None:
     """Drop both layers' entries of one question, so it is looked up again semantically."""
     for pattern in ("strata:v1:sem:*", "strata:v1:exact:*"):
-        for key in redis_sync.scan_iter(match=pattern):
+        for key in scan(redis_sync, pattern):
             if redis_sync.hget(key, "question") == question.encode():
                 redis_sync.delete(key)
 
 
 def seed_pool(redis_sync: redis.Redis) -> None:
     """Plenty of clean observations at every score: the category's bound passes everywhere."""
-    redis_sync.hset(POOL, mapping={f"ok:{b:03d}": 1000 for b in range(50, 160)})
+    redis_sync.hset(pool_key(redis_sync), mapping={f"ok:{b:03d}": 1000 for b in range(50, 160)})
 
 
 def test_an_answered_miss_is_an_observation_and_an_equivalent_answer_an_alias(
@@ -90,7 +94,7 @@ def test_an_answered_miss_is_an_observation_and_an_equivalent_answer_an_alias(
     ok_field = next(k for k in counts if k.startswith("ok:"))
     assert int(redis_sync.hget(entry_key, ok_field)) == 1  # counted on the candidate and in the pool
     assert abs(redis_sync.ttl(alias_key) - redis_sync.ttl(entry_key)) <= 1  # it expires with its entry
-    assert redis_sync.ttl(POOL) > 0  # the pool has a TTL too: eviction and sweeps can reach it
+    assert redis_sync.ttl(pool_key(redis_sync)) > 0  # the pool has a TTL too: eviction and sweeps can reach it
 
 
 def test_a_wrong_observation_at_a_similarity_vetoes_serving_there(
@@ -128,7 +132,7 @@ def test_aliases_are_scoped_capped_and_go_with_a_version_bump(
     assert other.headers["x-cache"] == "miss"
     response = httpx.post(strata + "/admin/cache/invalidate", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
     assert response.status_code == 200
-    assert eventually(lambda: not list(redis_sync.scan_iter(match="strata:v1:*")), timeout=10)
+    assert eventually(lambda: not list(scan(redis_sync, "strata:v1:*")), timeout=10)
 
 
 def test_observations_of_two_workers_add_up(redis_url: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream,
@@ -170,7 +174,7 @@ def test_the_async_judge_decides_the_observation_after_the_response(
     ask(strata, "怎么申请退款", headers=JUDGED)
     # The generated answers differ in wording and numbers: only the judge's word can make them one.
     assert ask(strata, "退款怎么申请", headers=JUDGED).headers["x-cache"] == "miss"
-    counts = eventually(lambda: {k.decode(): int(v) for k, v in redis_sync.hgetall("strata:v1:obs:learn_judged").items()})
+    counts = eventually(lambda: pool_counts(redis_sync, "learn_judged"))
     assert sum(v for k, v in counts.items() if k.startswith(result + ":")) == 1 and len(counts) == 1
     assert fake_upstream.judge_calls == [("怎么申请退款", "退款怎么申请")]
     entry_key, _ = sem_doc(redis_sync, "怎么申请退款")
@@ -246,8 +250,7 @@ def test_entry_record_hits_can_be_explored_at_their_own_rate(
     redis_sync.hset(entry_key, "confirmed:050", 3)
     # The entry vouches, and every such would-be hit is sent upstream and observed (explore 1.0).
     assert ask(strata, "如何申请退款", headers=explored).headers["x-cache"] == "miss"
-    pool = "strata:v1:obs:learn_entry_explored"
-    counts = eventually(lambda: {k.decode(): int(v) for k, v in redis_sync.hgetall(pool).items()})
+    counts = eventually(lambda: pool_counts(redis_sync, "learn_entry_explored"))
     assert counts.get("explored_ok") == 1
 
 
@@ -300,7 +303,7 @@ def test_entries_are_not_merged_past_the_alias_cap(
     for key in keys:  # both entries already hold their two aliases (max_aliases: 2)
         redis_sync.hset(key, "aliases", 2)
     ask(strata, third, headers=LEARN)
-    eventually(lambda: any(k.startswith(b"ok:") for k in redis_sync.hgetall(POOL)))
+    eventually(lambda: any(k.startswith("ok:") for k in pool_counts(redis_sync)))
     time.sleep(0.3)
     assert [redis_sync.hget(k, "root") for k in keys] == [k.encode() for k in keys]
 
@@ -318,7 +321,7 @@ def test_a_guard_an_entry_outgrew_lets_its_candidates_through_until_another_answ
     assert eventually(lambda: redis_sync.hget(entry_key, "guard_ok:numbers_differ")) == b"1"
     assert not any(k.startswith(b"ok:") for k in redis_sync.hgetall(entry_key))  # not evidence for the pool
     # Outgrown: the next such candidate is decided as any other (here the pool allows it).
-    redis_sync.hset("strata:v1:obs:learn_guard", mapping={f"ok:{b:03d}": 1000 for b in range(50, 160)})
+    redis_sync.hset(pool_key(redis_sync, "learn_guard"), mapping={f"ok:{b:03d}": 1000 for b in range(50, 160)})
     served = ask(strata, third, headers=guarded)
     assert served.headers["x-cache"] == "semantic-hit", dict(served.headers)
     # An answered miss with another answer puts the guard back for this entry.

@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from tests.integration.conftest import strata_settings
-from tests.support import FakeUpstream, serve_strata
+from tests.support import FakeUpstream, scan, serve_strata
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +83,7 @@ def test_embeddings_are_exact_cached_per_input_model_and_options(sdk: openai.Ope
     plain = httpx.post(str(sdk.base_url) + "embeddings", json={"model": "fake-embed", "input": "refund"})
     assert plain.status_code == 200 and plain.headers["x-cache"] == "miss"
     assert fake_upstream.embedding_calls[-1]["encoding_format"] == "float"
-    keys = list(redis_sync.scan_iter(match="strata:v*:emb:*"))
+    keys = list(scan(redis_sync, "strata:v*:emb:*"))
     assert len(keys) == 4 and all(0 < redis_sync.ttl(k) <= 86_400 for k in keys)
 
 

@@ -21,7 +21,7 @@ import redis
 
 from app.settings import PROJECT_ROOT
 from tests.integration.conftest import strata_settings
-from tests.support import MODEL, FakeUpstream, free_port, serve_process, serve_strata
+from tests.support import MODEL, FakeUpstream, every_keyspace, free_port, scan, serve_process, serve_strata
 
 LAUNCHER = str(PROJECT_ROOT / "redis-stack" / "redis-stack.sh")
 
@@ -68,7 +68,7 @@ def test_a_failing_leader_shares_its_error_instead_of_a_retry_storm(
         responses = asyncio.run(burst([server.url], 20, "fails"))
     assert [r.status_code for r in responses] == [502] * 20
     assert len(fake_upstream.calls) == 1
-    assert redis_sync.get("strata:v1:lease:" + "x") is None and not list(redis_sync.scan_iter(match="strata:v1:lease:*"))
+    assert redis_sync.get("strata:v1:lease:" + "x") is None and not list(scan(redis_sync, "strata:v1:lease:*"))
 
 
 def test_the_upstream_concurrency_limit_answers_503(redis_url: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream) -> None:
@@ -138,6 +138,7 @@ def post(url: str, question: str) -> httpx.Response:
     return httpx.post(url + "/v1/chat/completions", json=body(question), timeout=15)
 
 
+@pytest.mark.single_node("stops, pauses, fills or kills one Redis process of its own; a killed master of a cluster: tests/cluster/test_cluster_failover.py")
 def test_redis_stopped_and_restarted_mid_run(own_redis: OwnRedis, fake_upstream: FakeUpstream) -> None:
     fake_upstream.reset()
     with serve_strata(strata_settings(own_redis.url, fake_upstream.url)) as server:
@@ -155,6 +156,7 @@ def test_redis_stopped_and_restarted_mid_run(own_redis: OwnRedis, fake_upstream:
         assert httpx.get(server.url + "/health").json()["redis"]["status"] == "ok"
 
 
+@pytest.mark.single_node("stops, pauses, fills or kills one Redis process of its own; a killed master of a cluster: tests/cluster/test_cluster_failover.py")
 def test_a_paused_redis_costs_a_bounded_wait_not_an_outage(own_redis: OwnRedis, fake_upstream: FakeUpstream) -> None:
     fake_upstream.reset()
     settings = strata_settings(own_redis.url, fake_upstream.url, redis_timeout_s=0.2)
@@ -169,6 +171,7 @@ def test_a_paused_redis_costs_a_bounded_wait_not_an_outage(own_redis: OwnRedis, 
         assert "strata_cache_errors_total" in httpx.get(server.url + "/metrics").text
 
 
+@pytest.mark.single_node("stops, pauses, fills or kills one Redis process of its own; a killed master of a cluster: tests/cluster/test_cluster_failover.py")
 def test_redis_out_of_memory_skips_the_store_and_counts_it(own_redis: OwnRedis, fake_upstream: FakeUpstream) -> None:
     fake_upstream.reset()
     with serve_strata(strata_settings(own_redis.url, fake_upstream.url)) as server:
@@ -184,6 +187,7 @@ def test_redis_out_of_memory_skips_the_store_and_counts_it(own_redis: OwnRedis, 
         assert post(server.url, "no room").headers["x-cache"] == "exact-hit"
 
 
+@pytest.mark.single_node("stops, pauses, fills or kills one Redis process of its own; a killed master of a cluster: tests/cluster/test_cluster_failover.py")
 def test_acknowledged_entries_survive_kill_9(own_redis: OwnRedis, fake_upstream: FakeUpstream) -> None:
     fake_upstream.reset()
     questions = [f"durable {i}" for i in range(20)]
@@ -261,7 +265,8 @@ def test_an_invalidation_while_followers_wait_on_another_worker(
             await asyncio.sleep(0.2)
             follower = asyncio.create_task(client.post(two + "/v1/chat/completions", json=body("bumped")))
             await asyncio.sleep(0.2)
-            redis_sync.incr("strata:meta:version")  # another worker's invalidation, mid-wait
+            for keys in every_keyspace(redis_sync):
+                redis_sync.incr(keys.version_key)  # another worker's invalidation, mid-wait
             return [await leader, await follower]
 
     with serve_strata(settings) as one, serve_strata(settings) as two:

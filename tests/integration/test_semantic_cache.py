@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from tests.integration.conftest import ADMIN_TOKEN, strata_settings
-from tests.support import FAQ, MODEL, FakeUpstream, ask, serve_strata
+from tests.support import FAQ, MODEL, FakeUpstream, ask, indexes, keyspace, node_of, scan, serve_strata
 
 
 @pytest.fixture(scope="module")
@@ -133,13 +133,14 @@ def test_a_follow_up_after_different_earlier_turns_never_hits(client: httpx.Clie
 def test_entries_are_readable_and_counted(client: httpx.Client, redis_sync: redis.Redis) -> None:
     ask(client, "怎么申请退款")
     ask(client, "退款怎么申请")
-    [key] = redis_sync.scan_iter(match="strata:v1:sem:*")
+    [key] = scan(redis_sync, "strata:v1:sem:*")
     entry = redis_sync.hgetall(key)
     assert entry[b"question"].decode() == "怎么申请退款" and entry[b"category"] == b"faq"
     assert entry[b"tenant"] == b"default" and entry[b"model"] == MODEL.encode() and entry[b"hits"] == b"1"
     assert len(entry[b"scope"]) == 64 and len(entry[b"embedding"]) == 512 * 4
-    assert int(redis_sync.ft("strata:v1:sem").info()["num_docs"]) == 1
-    found = redis_sync.ft("strata:v1:sem").search("@category:{faq}")
+    index = keyspace(redis_sync, "default", "faq").semantic_index_name("v1")
+    assert int(node_of(redis_sync, index).ft(index).info()["num_docs"]) == 1
+    found = node_of(redis_sync, index).ft(index).search("@category:{faq}")
     assert found.total == 1 and found.docs[0].question == "怎么申请退款"
 
 
@@ -155,16 +156,17 @@ def test_ttl_is_absolute_from_insertion(client: httpx.Client, redis_sync: redis.
 
 def test_a_version_bump_creates_a_new_index_and_drops_the_old_one(client: httpx.Client, redis_sync: redis.Redis) -> None:
     ask(client, "怎么申请退款")
-    assert b"strata:v1:sem" in redis_sync.execute_command("FT._LIST")
+    keys = keyspace(redis_sync, "default", "faq")
+    assert keys.semantic_index_name("v1") in indexes(redis_sync)
     bumped = client.post("/admin/cache/invalidate", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
     assert bumped.json()["version"] == "v2"
     assert ask(client, "退款怎么申请").headers["x-cache"] == "miss"
     deadline = time.monotonic() + 5
-    while b"strata:v1:sem" in redis_sync.execute_command("FT._LIST") and time.monotonic() < deadline:
+    while keys.semantic_index_name("v1") in indexes(redis_sync) and time.monotonic() < deadline:
         time.sleep(0.05)
-    indexes = redis_sync.execute_command("FT._LIST")
-    assert b"strata:v1:sem" not in indexes and b"strata:v2:sem" in indexes
-    assert list(redis_sync.scan_iter(match="strata:v1:*")) == []
+    found = indexes(redis_sync)
+    assert keys.semantic_index_name("v1") not in found and keys.semantic_index_name("v2") in found
+    assert list(scan(redis_sync, "strata:v1:*")) == []
     assert ask(client, "怎么申请退款").headers["x-cache"] == "semantic-hit"
 
 

@@ -12,7 +12,6 @@ import pytest
 import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from redis.asyncio import Redis
 
 from app.cache.base import CacheQuery
 from app.cache.keys import canonicalize, faq_scope_digest
@@ -21,6 +20,7 @@ from app.embed import BatchingEmbedder
 from app.policy import CategoryPolicy, SemanticPolicy
 from app.settings import PROJECT_ROOT
 from app.wire import ChatCompletionRequest
+from tests.support import first_bucket
 
 CATEGORY = CategoryPolicy(name="faq", ttl_seconds=600, semantic=SemanticPolicy(threshold=0.80, accept_above=0.97))
 # Names built from everything the RediSearch query syntax gives meaning to, plus Unicode.
@@ -33,9 +33,9 @@ class Harness:
 
     def __init__(self, redis_url: str, encoder: Any) -> None:
         self.loop = asyncio.new_event_loop()
-        self.redis = Redis.from_url(redis_url)
+        self.redis, keys = self.run(first_bucket(redis_url))
         self.embedder = BatchingEmbedder(encoder)
-        self.cache = SemanticCache(self.redis, self.embedder, PROJECT_ROOT / "schemas" / "semantic_index.yaml")
+        self.cache = SemanticCache(self.redis, self.embedder, PROJECT_ROOT / "schemas" / "semantic_index.yaml", keys=keys)
 
     def run(self, coro: Any) -> Any:
         return self.loop.run_until_complete(coro)

@@ -16,7 +16,6 @@ import pytest
 import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from redis.asyncio import Redis
 
 from app.auth import add_key, read_keys
 from app.cache.base import CacheQuery
@@ -26,7 +25,7 @@ from app.policy import CategoryPolicy
 from app.settings import PROJECT_ROOT
 from app.wire import ChatCompletionRequest
 from tests.integration.conftest import strata_settings
-from tests.support import MODEL, FakeUpstream, ask, serve_strata
+from tests.support import MODEL, FakeUpstream, ask, first_bucket, scan, serve_strata
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +75,7 @@ def test_tenants_never_see_each_others_answers(
     assert ask(keyed_strata, "怎么申请退款", key=key_b).headers["x-cache"] == "miss"
     assert ask(keyed_strata, "退款怎么申请", key=key_b).headers["x-cache"] == "semantic-hit"  # its own entry
     assert len(fake_upstream.calls) == 2
-    tenants = {redis_sync.hget(k, "tenant") for k in redis_sync.scan_iter(match="strata:v1:exact:*")}
+    tenants = {redis_sync.hget(k, "tenant") for k in scan(redis_sync, "strata:v1:exact:*")}
     assert tenants == {b"acme", 'evil"} | @tenant:{*'.encode()}
 
 
@@ -113,11 +112,11 @@ def test_the_exact_layer_never_crosses_tenants(redis_url: str, redis_sync: redis
         return
 
     async def scenario() -> tuple[bytes | None, bytes | None]:
-        client = Redis.from_url(redis_url)
+        client, keys = await first_bucket(redis_url)
         try:
-            exact = ExactCache(client)
+            exact = ExactCache(client, keys)
             await client.flushall()  # each example starts from an empty cache
-            await client.set("strata:meta:version", 1)
+            await client.set(keys.version_key, 1)
             raw = {"model": MODEL, "messages": [{"role": "user", "content": question}]}
             request = msgspec.convert(raw, ChatCompletionRequest)
             category = CategoryPolicy(name="faq", ttl_seconds=60)
