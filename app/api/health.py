@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from litestar import Controller, Response, get
@@ -36,11 +37,23 @@ class HealthController(Controller):
     async def _dependencies(resources: Resources) -> tuple[dict[str, Any], bool, str | None]:
         """Redis's state, and whether the upstream answers (also set on ``strata_dependency_up``)."""
         redis: dict[str, Any] = {"status": "ok"}
-        try:
-            await resources.redis.ping()
-            redis["version"] = resources.versions.known
-        except CACHE_ERRORS as exc:
-            redis = {"status": "down", "error": repr(exc)}
+        if resources.buckets.clustered:
+            # On a cluster each bucket is served by its own master: one that does not answer
+            # turns its tenants' requests into bypasses, so it is named here.
+            buckets = resources.buckets.all
+            pings = await asyncio.gather(*(bucket.redis.ping() for bucket in buckets), return_exceptions=True)
+            down = [f"{b.keys.namespace}@{b.address}" for b, ping in zip(buckets, pings, strict=True)
+                    if isinstance(ping, BaseException)]
+            redis.update(version=resources.versions.known, buckets=len(buckets),
+                         masters=len({b.address for b in buckets}))
+            if down:
+                redis.update(status="down", buckets_down=down)
+        else:
+            try:
+                await resources.redis.ping()
+                redis["version"] = resources.versions.known
+            except CACHE_ERRORS as exc:
+                redis = {"status": "down", "error": repr(exc)}
         up, error = await resources.upstream.healthy()
         resources.metrics.dependency_up.labels("redis").set(1 if redis["status"] == "ok" else 0)
         resources.metrics.dependency_up.labels("upstream").set(1 if up else 0)

@@ -92,7 +92,8 @@ def test_buckets_are_spread_over_every_master(workers: tuple[str, str, dict[str,
     assert len(tags) == 9 and len(set(tags)) == 9  # 3 x masters
     owners = Counter(cluster.get_node_from_key(f"{{{tag}}}").port for tag in tags)
     assert sorted(owners.values()) == [3, 3, 3]
-    assert httpx.get(workers[0] + "/health", timeout=10).json()["status"] == "ok"
+    health = httpx.get(workers[0] + "/health", timeout=10).json()
+    assert health["status"] == "ok" and health["redis"]["buckets"] == 9 and health["redis"]["masters"] == 3
 
 
 def test_exact_and_semantic_hits_in_every_tenants_bucket_and_no_leak(
