@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.backoff import NoBackoff
+from redis.exceptions import RedisClusterException, RedisError
 from redis.retry import Retry
 
 from app.cache.base import CacheHit, CacheQuery
@@ -41,6 +42,10 @@ logger = logging.getLogger("strata.buckets")
 CLUSTER_SCHEME = "redis+cluster"
 # Bucket tags are probed in this order (b0, b1, ...); 16,384 slots make a few dozen enough.
 MAX_TAG_PROBES = 100_000
+
+
+class ClusterUnavailable(RuntimeError):
+    """The cluster's slot map could not be read at start-up."""
 
 
 @dataclass
@@ -220,7 +225,8 @@ async def open_buckets(settings: RedisSettings) -> Buckets:
 
     Raises:
         ValueError: A malformed cluster URL.
-        Any of ``CACHE_ERRORS``: the cluster could not be reached.
+        ClusterUnavailable: The cluster could not be reached (cluster mode needs its slot map
+            to start; on one Redis, Strata starts without Redis and bypasses the cache).
     """
     if not settings.cluster:
         redis = connect_redis(settings)
@@ -237,6 +243,10 @@ async def open_buckets(settings: RedisSettings) -> Buckets:
             return f"{node.host}:{node.port}"
 
         tags = await _stored_tags(cluster, settings.buckets or 3 * len(masters), owner, masters)
+    except (RedisError, RedisClusterException, OSError) as exc:
+        await cluster.aclose()
+        raise ClusterUnavailable(f"Redis Cluster {settings.url}: cannot read its slot map ({exc!r}); "
+                                 "cluster mode needs the cluster at start-up") from exc
     except BaseException:
         await cluster.aclose()
         raise

@@ -38,3 +38,15 @@ def test_a_tenants_category_always_goes_to_one_bucket_and_tenants_spread() -> No
     assert bucket_of("acme", "faq", 9) == bucket_of("acme", "faq", 9)
     spread = Counter(bucket_of(f"tenant-{i}", "faq", 9) for i in range(900))
     assert len(spread) == 9 and min(spread.values()) > 60
+
+
+def test_an_unreachable_cluster_is_a_clear_error_at_start() -> None:
+    import asyncio
+
+    from app.cache.buckets import ClusterUnavailable, open_buckets
+    from app.settings import RedisSettings
+    from tests.support import free_port
+
+    url = f"redis+cluster://127.0.0.1:{free_port()}"
+    with pytest.raises(ClusterUnavailable, match="needs the cluster at start-up"):
+        asyncio.run(open_buckets(RedisSettings(url=url, timeout_s=0.2)))
