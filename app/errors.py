@@ -70,6 +70,13 @@ class Overloaded(StrataError):
     error_type = "overloaded_error"
 
 
+class CacheUnavailable(StrataError):
+    """Redis (or a cluster's master) does not answer an operation that needs it (an operator's)."""
+
+    status_code = 503
+    error_type = "cache_unavailable"
+
+
 class UpstreamUnavailable(StrataError):
     """The model server could not be reached or answered with a server error."""
 

@@ -15,7 +15,7 @@ from redis.exceptions import RedisClusterException
 
 from app.auth import TenantResolver
 from app.cache.base import CACHE_ERRORS, CacheLayer
-from app.cache.buckets import Bucket, BucketedCache, Buckets, connect_redis, open_buckets
+from app.cache.buckets import Bucket, BucketedCache, Buckets, ClusterUnavailable, connect_redis, open_buckets
 from app.cache.embeddings import EmbeddingsCache
 from app.cache.exact import ExactCache
 from app.cache.invalidation import BucketedInvalidator, CacheInvalidator, sweep_stale_generations
@@ -75,6 +75,7 @@ class Resources:
     bucket_caches: list[BucketCache]
     semantic: SemanticCache | None = None
     embedder: BatchingEmbedder | None = None
+    semantic_parts: Any = None  # SemanticParts, kept to build the cache parts of a late cluster
     background: set[asyncio.Task[Any]] = field(default_factory=set)
 
     def spawn(self, work: Coroutine[Any, Any, Any], name: str) -> None:
@@ -90,18 +91,30 @@ class Resources:
         task.add_done_callback(_done)
 
 
+@dataclass(frozen=True)
+class SemanticParts:
+    """What every bucket's semantic layer shares: the embedder and the verification."""
+
+    embedder: BatchingEmbedder
+    verifier: Any
+    check: CandidateCheck
+    judge: AnswerJudge
+
+
 async def build_resources(settings: Settings, encoder: Encoder | None = None) -> Resources:
     """Build every resource of one worker.
+
+    On a cluster that does not answer at start-up the cache parts are built once it does
+    (:func:`connect_when_reachable`); until then every request is a bypass.
 
     Args:
         settings: The settings.
         encoder: An already loaded embedding model to use instead of loading the configured one.
     """
     policy = Policy.load(settings.resolve(settings.policy_file))
-    buckets = await open_buckets(settings.redis)
     upstream = Upstream(settings.upstream)
     metrics = Metrics()
-    embedder = check = verifier = judge = None
+    parts = None
     options = settings.semantic
     if options.enabled:
         if encoder is None:
@@ -119,7 +132,25 @@ async def build_resources(settings: Settings, encoder: Encoder | None = None) ->
         )
         verifier = load_verifier(settings)
         judge = AnswerJudge(upstream, options.judge_timeout_s, options.judge_model)
-        check = CandidateCheck(verifier, confirm=judge, on_verdict=metrics.verdict)
+        parts = SemanticParts(embedder, verifier, CandidateCheck(verifier, confirm=judge, on_verdict=metrics.verdict), judge)
+    try:
+        buckets = await open_buckets(settings.redis)
+    except ClusterUnavailable as exc:
+        logger.warning("%r: serving without the cache until the cluster answers", exc)
+        buckets = Buckets.offline()
+    tenants = TenantResolver(settings.resolve(settings.keys_file) if settings.keys_file else None)
+    hygiene = None if settings.prompt_hygiene == "off" else PromptHygiene.load(settings.resolve(settings.prompt_hygiene_file))
+    limits = settings.limits
+    rate_limiter = TenantRateLimiter(limits.tenant_rps, limits.tenant_burst or limits.tenant_rps, settings.workers)
+    return Resources(settings=settings, policy=policy, upstream=upstream, metrics=metrics, tenants=tenants,
+                     hygiene=hygiene, rate_limiter=rate_limiter, embedder=parts.embedder if parts else None,
+                     semantic_parts=parts, **cache_parts(settings, policy, buckets, upstream, metrics, parts))
+
+
+def cache_parts(settings: Settings, policy: Policy, buckets: Buckets, upstream: Upstream, metrics: Metrics,
+                parts: SemanticParts | None) -> dict[str, Any]:
+    """The resources that live in Redis, over ``buckets`` (none yet: a cluster not reachable)."""
+    options = settings.semantic
     bucket_caches = []
     for bucket in buckets.all:
         redis, keys = bucket.redis, bucket.keys
@@ -127,44 +158,40 @@ async def build_resources(settings: Settings, encoder: Encoder | None = None) ->
         generations = ScopeGenerations(redis, keys)
         layers: list[CacheLayer] = [ExactCache(redis, keys)]
         semantic = learner = None
-        if embedder is not None:
-            assert verifier is not None
-            semantic = SemanticCache(redis, embedder, settings.resolve(options.index_schema), check,
+        if parts is not None:
+            semantic = SemanticCache(redis, parts.embedder, settings.resolve(options.index_schema), parts.check,
                                      learning_refresh_s=options.learning_refresh_s, keys=keys,
                                      pool_sources=[(b.redis, b.keys) for b in buckets.all])
             layers.append(semantic)
-            learner = AnswerLearner(redis, embedder, verifier.analyzer, judge=judge,
+            learner = AnswerLearner(redis, parts.embedder, parts.verifier.analyzer, judge=parts.judge,
                                     documents_of=semantic.documents_of, keys=keys)
         cache = LayeredCache(versions, layers, metrics, lookup_timeout_s=settings.lookup_timeout_s,
                              judge_timeout_s=options.judge_timeout_s, learner=learner,
                              max_learning=options.learning_max_pending, generations=generations)
         invalidator = CacheInvalidator(redis, versions, generations, policy, semantic, audit=buckets.shared)
         bucket_caches.append(BucketCache(bucket, versions, generations, cache, semantic, invalidator))
-    home = bucket_caches[0]
     if buckets.clustered:
-        layered: RequestCache = BucketedCache(buckets, [b.cache for b in bucket_caches])
-        invalidator = BucketedInvalidator(buckets, [b.invalidator for b in bucket_caches])
+        layered: RequestCache = BucketedCache(buckets, [b.cache for b in bucket_caches], metrics)
+        invalidator = BucketedInvalidator(buckets, [b.invalidator for b in bucket_caches], policy)
     else:
-        layered, invalidator = home.cache, home.invalidator
-    # Leases, L4's statistics and usage counts are single keys: the cluster client routes them.
-    flight = SingleFlight(buckets.shared, metrics, lease_s=settings.singleflight_lease_s,
-                          poll_s=settings.singleflight_poll_s)
-    caps = TokenCaps(buckets.shared, settings.limits, metrics)
-    pipeline = ChatPipeline(limits=settings.limits, cache=layered, relay=Relay(upstream, layered, metrics, caps),
-                            metrics=metrics, flight=flight, caps=caps)
-    tenants = TenantResolver(settings.resolve(settings.keys_file) if settings.keys_file else None)
-    hygiene = None if settings.prompt_hygiene == "off" else PromptHygiene.load(settings.resolve(settings.prompt_hygiene_file))
-    limits = settings.limits
-    rate_limiter = TenantRateLimiter(limits.tenant_rps, limits.tenant_burst or limits.tenant_rps, settings.workers)
-    return Resources(
-        settings=settings, policy=policy, redis=buckets.shared, versions=home.versions, upstream=upstream,
-        metrics=metrics, pipeline=pipeline, cache=layered, tenants=tenants, hygiene=hygiene, rate_limiter=rate_limiter,
-        semantic=home.semantic, embedder=embedder, invalidator=invalidator, buckets=buckets,
-        bucket_caches=bucket_caches,
+        layered, invalidator = bucket_caches[0].cache, bucket_caches[0].invalidator
+    flight = caps = None
+    if buckets.shared is not None:
+        # Leases, L4's statistics and usage counts are single keys: the cluster client routes them.
+        flight = SingleFlight(buckets.shared, metrics, lease_s=settings.singleflight_lease_s,
+                              poll_s=settings.singleflight_poll_s)
+        caps = TokenCaps(buckets.shared, settings.limits, metrics)
+    home = bucket_caches[0] if bucket_caches else None
+    return {
+        "redis": buckets.shared, "buckets": buckets, "bucket_caches": bucket_caches, "cache": layered,
+        "invalidator": invalidator, "versions": home.versions if home else VersionTag(None),
+        "semantic": home.semantic if home else None,
+        "pipeline": ChatPipeline(limits=settings.limits, cache=layered, relay=Relay(upstream, layered, metrics, caps),
+                                 metrics=metrics, flight=flight, caps=caps),
         # /v1/embeddings responses live in the first bucket on a cluster (one script: version + entry).
-        embeddings=EmbeddingsCache(home.bucket.redis, home.versions, settings.embeddings_ttl_s)
-        if settings.embeddings_ttl_s > 0 else None,
-    )
+        "embeddings": EmbeddingsCache(home.bucket.redis, home.versions, settings.embeddings_ttl_s)
+        if home and settings.embeddings_ttl_s > 0 else None,
+    }
 
 
 async def reconcile(redis: Redis, versions: VersionTag, semantic: SemanticCache | None) -> str:
@@ -191,6 +218,42 @@ async def sweep_after(bucket: BucketCache, current: str) -> None:
         await sweep_stale_versions(bucket.bucket.redis, current, keys=bucket.bucket.keys)
     except CACHE_ERRORS as exc:
         logger.warning("sweep of stale versions failed (entries still expire by TTL): %r", exc)
+
+
+async def start_cache(resources: Resources) -> None:
+    """Adopt each bucket's version (bumped if the embedder changed) and start the background
+    work on Redis: sweeps, usage counts and, on a cluster, following failovers."""
+    for bucket in resources.bucket_caches:
+        try:
+            current = await reconcile(bucket.bucket.redis, bucket.versions, bucket.semantic)
+        except CACHE_ERRORS as exc:
+            # Start anyway: the service answers from the upstream until Redis is back.
+            logger.warning("Redis (%s) is unavailable at start-up, serving without cache: %r", bucket.bucket.address, exc)
+        else:
+            logger.info("cache version %s (%s)", current, bucket.bucket.keys.namespace)
+            resources.spawn(sweep_after(bucket, current), f"sweep-stale-versions {bucket.bucket.keys.namespace}")
+    resources.spawn(resources.metrics.usage.run(resources.redis, CACHE_ERRORS), "usage-counts")
+    if resources.buckets.clustered:
+        resources.spawn(follow_cluster(resources), "follow-cluster")
+
+
+async def connect_when_reachable(resources: Resources) -> None:
+    """A cluster that did not answer at start-up: try again every few seconds; once it answers,
+    build the cache parts over its buckets and put them in place (requests bypass until then)."""
+    settings = resources.settings
+    while True:
+        await asyncio.sleep(settings.redis.cluster_refresh_s)
+        try:
+            buckets = await open_buckets(settings.redis)
+        except ClusterUnavailable:
+            continue
+        parts = cache_parts(settings, resources.policy, buckets, resources.upstream, resources.metrics,
+                            resources.semantic_parts)
+        for name, value in parts.items():
+            setattr(resources, name, value)
+        logger.info("Redis Cluster reachable: the cache is on (%d buckets)", len(buckets.all))
+        await start_cache(resources)
+        return
 
 
 async def follow_cluster(resources: Resources) -> None:
@@ -226,18 +289,10 @@ async def sweep_generations_after(resources: Resources) -> None:
 async def lifespan(app: Litestar) -> AsyncIterator[None]:
     resources: Resources = await app.state.resources_factory()
     app.state.resources = resources
-    for bucket in resources.bucket_caches:
-        try:
-            current = await reconcile(bucket.bucket.redis, bucket.versions, bucket.semantic)
-        except CACHE_ERRORS as exc:
-            # Start anyway: the service answers from the upstream until Redis is back.
-            logger.warning("Redis (%s) is unavailable at start-up, serving without cache: %r", bucket.bucket.address, exc)
-        else:
-            logger.info("cache version %s (%s)", current, bucket.bucket.keys.namespace)
-            resources.spawn(sweep_after(bucket, current), f"sweep-stale-versions {bucket.bucket.keys.namespace}")
-    resources.spawn(resources.metrics.usage.run(resources.redis, CACHE_ERRORS), "usage-counts")
-    if resources.buckets.clustered:
-        resources.spawn(follow_cluster(resources), "follow-cluster")
+    if resources.buckets.clustered and not resources.buckets.all:
+        resources.spawn(connect_when_reachable(resources), "connect-cluster")
+    else:
+        await start_cache(resources)
     prefix_cache = await resources.upstream.prefix_cache()
     logger.info("upstream prefix-cache metrics: %s",
                 ", ".join(prefix_cache.names) if prefix_cache else "none found (no hit ratio on /metrics and /health)")

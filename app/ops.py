@@ -79,7 +79,7 @@ async def _invalidator(settings: Settings, *, with_semantic: bool) -> AsyncItera
             each.append(CacheInvalidator(bucket.redis, VersionTag(bucket.redis, bucket.keys),
                                          ScopeGenerations(bucket.redis, bucket.keys), policy, semantic,
                                          audit=buckets.shared))
-        yield BucketedInvalidator(buckets, each) if buckets.clustered else each[0], each
+        yield BucketedInvalidator(buckets, each, policy) if buckets.clustered else each[0], each
     finally:
         await buckets.aclose()
         if embedder is not None:

@@ -8,8 +8,9 @@ from typing import Any
 import msgspec
 from litestar import Controller, Request, get, post
 
+from app.cache.base import CACHE_ERRORS
 from app.cache.invalidation import Invalidation, InvalidationError, NothingThere
-from app.errors import Forbidden, InvalidRequest, NotFound, Unauthorized
+from app.errors import CacheUnavailable, Forbidden, InvalidRequest, NotFound, Unauthorized
 from app.lifespan import Resources, sweep_generations_after, sweep_versions_after
 
 
@@ -60,6 +61,9 @@ class AdminController(Controller):
             raise InvalidRequest(str(exc), code="invalid_invalidation") from exc
         except NothingThere as exc:
             raise NotFound(str(exc), code="nothing_to_invalidate") from exc
+        except CACHE_ERRORS as exc:
+            raise CacheUnavailable(f"the cache's Redis did not answer: {exc!r}; the invalidation may not have "
+                                   "taken effect everywhere: repeat it", code="cache_unavailable") from exc
         if done.kind == "everything":
             assert done.version is not None
             resources.spawn(sweep_versions_after(resources), f"sweep-{done.version}")
@@ -75,4 +79,7 @@ class AdminController(Controller):
         require_admin(request, resources)
         if not 1 <= count <= 1000:
             raise InvalidRequest("count must be between 1 and 1000", param="count")
-        return {"object": "list", "data": await resources.invalidator.audit(count)}
+        try:
+            return {"object": "list", "data": await resources.invalidator.audit(count)}
+        except CACHE_ERRORS as exc:
+            raise CacheUnavailable(f"the cache's Redis did not answer: {exc!r}", code="cache_unavailable") from exc

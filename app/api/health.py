@@ -37,7 +37,9 @@ class HealthController(Controller):
     async def _dependencies(resources: Resources) -> tuple[dict[str, Any], bool, str | None]:
         """Redis's state, and whether the upstream answers (also set on ``strata_dependency_up``)."""
         redis: dict[str, Any] = {"status": "ok"}
-        if resources.buckets.clustered:
+        if resources.buckets.clustered and not resources.buckets.all:
+            redis = {"status": "down", "error": "the Redis Cluster has not answered since start-up"}
+        elif resources.buckets.clustered:
             # On a cluster each bucket is served by its own master: one that does not answer
             # turns its tenants' requests into bypasses, so it is named here.
             buckets = resources.buckets.all

@@ -34,6 +34,7 @@ from app.cache.base import CacheHit, CacheQuery
 from app.cache.keys import BUCKETS_KEY, KEYS, CanonicalRequest, Keyspace
 from app.cache.layered import CacheMode, CachePlan, LayeredCache
 from app.cache.version import VersionTag
+from app.metrics import Metrics
 from app.policy import CategoryPolicy
 from app.settings import RedisSettings
 
@@ -44,8 +45,8 @@ CLUSTER_SCHEME = "redis+cluster"
 MAX_TAG_PROBES = 100_000
 
 
-class ClusterUnavailable(RuntimeError):
-    """The cluster's slot map could not be read at start-up."""
+class ClusterUnavailable(ConnectionError):
+    """The cluster's slot map could not be read (a cache failure, like any unreachable Redis)."""
 
 
 @dataclass
@@ -143,21 +144,25 @@ class Buckets:
     """The buckets of the cache and how requests find theirs.
 
     Args:
-        buckets: The buckets; one, with the plain keyspace, on a single Redis.
+        buckets: The buckets; one, with the plain keyspace, on a single Redis; none on a cluster
+            not reached yet (:meth:`offline`).
         shared: The client for keys that belong to no bucket (usage counts, L4's statistics,
             the audit stream, leases): the single Redis, or the cluster client.
+        clustered: Whether the buckets are a cluster's.
     """
 
-    def __init__(self, buckets: Sequence[Bucket], shared: Redis | RedisCluster) -> None:
-        if not buckets:
-            raise ValueError("at least one bucket")
+    def __init__(self, buckets: Sequence[Bucket], shared: Redis | RedisCluster | None, *, clustered: bool) -> None:
+        if not buckets and not clustered:
+            raise ValueError("one Redis is one bucket")
         self.all = tuple(buckets)
         self.shared = shared
+        self.clustered = clustered
         self._by_namespace = {bucket.keys.namespace: i for i, bucket in enumerate(self.all)}
 
-    @property
-    def clustered(self) -> bool:
-        return self.all[0].keys != KEYS
+    @classmethod
+    def offline(cls) -> Buckets:
+        """A cluster that did not answer at start-up: no buckets yet, every request a bypass."""
+        return cls((), None, clustered=True)
 
     async def follow(self) -> int:
         """Re-read the cluster's slot map and move each bucket's connection to the master that
@@ -194,7 +199,8 @@ class Buckets:
     async def aclose(self) -> None:
         """Close every connection."""
         closing: dict[int, Any] = {id(bucket.redis): bucket.redis for bucket in self.all}
-        closing[id(self.shared)] = self.shared
+        if self.shared is not None:
+            closing[id(self.shared)] = self.shared
         await asyncio.gather(*(client.aclose() for client in closing.values()), return_exceptions=True)
 
 
@@ -230,7 +236,7 @@ async def open_buckets(settings: RedisSettings) -> Buckets:
     """
     if not settings.cluster:
         redis = connect_redis(settings)
-        return Buckets([Bucket(KEYS, redis, settings.url)], redis)
+        return Buckets([Bucket(KEYS, redis, settings.url)], redis, clustered=False)
     nodes = [ClusterNode(host, port) for host, port in cluster_nodes(settings.url)]
     cluster = RedisCluster(startup_nodes=nodes, protocol=2, socket_timeout=settings.timeout_s,
                            socket_connect_timeout=settings.timeout_s, max_connections=settings.max_connections)
@@ -258,7 +264,7 @@ async def open_buckets(settings: RedisSettings) -> Buckets:
         buckets.append(Bucket(Keyspace.bucket(tag), connect_redis(settings, host=host, port=int(port)), address, tag))
     logger.info("Redis Cluster: %d masters, %d buckets (%s)", len(masters), len(buckets),
                 ", ".join(f"{b.keys.namespace}@{b.address}" for b in buckets))
-    return Buckets(buckets, cluster)
+    return Buckets(buckets, cluster, clustered=True)
 
 
 async def _stored_tags(cluster: RedisCluster, count: int, owner: Callable[[str], str], masters: list[str]) -> list[str]:
@@ -279,14 +285,16 @@ class BucketedCache:
     :class:`~app.cache.layered.LayeredCache`: each request goes to its bucket's.
 
     Args:
-        buckets: The buckets.
+        buckets: The buckets (none yet: every request is a bypass, counted as a cache failure).
         caches: One layered cache per bucket, in the buckets' order.
+        metrics: Where a cache that is not there yet is counted.
     """
 
-    def __init__(self, buckets: Buckets, caches: Sequence[LayeredCache]) -> None:
+    def __init__(self, buckets: Buckets, caches: Sequence[LayeredCache], metrics: Metrics) -> None:
         if len(caches) != len(buckets.all):
             raise ValueError("one layered cache per bucket")
         self._buckets = buckets
+        self._metrics = metrics
         self.caches = tuple(caches)
 
     @property
@@ -294,15 +302,20 @@ class BucketedCache:
         """The first bucket's version tag (every bump moves all of them)."""
         return self.caches[0].versions
 
-    def _of(self, query: CacheQuery | None) -> LayeredCache:
-        if query is None:
-            return self.caches[0]  # nothing to read or write: any bucket plans it the same
+    def _of(self, query: CacheQuery) -> LayeredCache:
         return self.caches[self._buckets.of(query.canonical.tenant, query.category.name)]
 
     async def plan(self, canonical: CanonicalRequest, category: CategoryPolicy, mode: CacheMode) -> CachePlan:
+        if not self.caches:
+            if mode is CacheMode.USE or mode is CacheMode.REFRESH:
+                self._metrics.cache_failed("version", "read", ClusterUnavailable("the cluster has not answered yet"))
+                return CachePlan(CacheMode.UNAVAILABLE)
+            return CachePlan(mode)
         return await self.caches[self._buckets.of(canonical.tenant, category.name)].plan(canonical, category, mode)
 
     async def lookup(self, plan: CachePlan) -> tuple[CachePlan, CacheHit | None]:
+        if plan.query is None:
+            return plan, None
         return await self._of(plan.query).lookup(plan)
 
     def lease_key(self, query: CacheQuery) -> str:
@@ -312,7 +325,8 @@ class BucketedCache:
         return await self._of(query).read_exact(query)
 
     async def store(self, plan: CachePlan, raw: bytes, completion: dict[str, Any]) -> None:
-        await self._of(plan.query).store(plan, raw, completion)
+        if plan.query is not None:
+            await self._of(plan.query).store(plan, raw, completion)
 
     async def settle(self) -> None:
         await asyncio.gather(*(cache.settle() for cache in self.caches))

@@ -20,7 +20,7 @@ import msgspec
 from redis.asyncio import Redis
 
 from app.cache.base import CacheHit, CacheQuery
-from app.cache.buckets import Buckets
+from app.cache.buckets import Buckets, ClusterUnavailable
 from app.cache.exact import exact_key
 from app.cache.keys import (
     AUDIT_KEY,
@@ -264,16 +264,29 @@ class BucketedInvalidator(CacheInvalidator):
     a key, a question or a file goes to the buckets that can hold it. Audited once.
 
     Args:
-        buckets: The buckets.
+        buckets: The buckets (none yet: every invalidation fails as Redis being down would).
         invalidators: One invalidator per bucket, in the buckets' order.
+        policy: The categories.
     """
 
-    def __init__(self, buckets: Buckets, invalidators: Sequence[CacheInvalidator]) -> None:
-        first = invalidators[0]
-        super().__init__(first.redis, first.versions, first._generations, first._policy, first.semantic,
+    def __init__(self, buckets: Buckets, invalidators: Sequence[CacheInvalidator], policy: Policy) -> None:
+        first = invalidators[0] if invalidators else None
+        super().__init__(first.redis if first else None, first.versions if first else None,  # type: ignore[arg-type]
+                         first._generations if first else None, policy, first.semantic if first else None,  # type: ignore[arg-type]
                          audit=buckets.shared)
         self._buckets = buckets
         self._each = tuple(invalidators)
+
+    async def invalidate(self, what: Invalidation, *, who: str) -> Invalidated:
+        if not self._each:
+            self.check(what)
+            raise ClusterUnavailable("the Redis Cluster has not answered since start-up")
+        return await super().invalidate(what, who=who)
+
+    async def audit(self, count: int = 50) -> list[dict[str, str]]:
+        if not self._each:
+            raise ClusterUnavailable("the Redis Cluster has not answered since start-up")
+        return await super().audit(count)
 
     def for_key(self, key: str) -> CacheInvalidator:
         index = self._buckets.holding(key)

@@ -33,8 +33,8 @@ class LocalCluster:
 
 
 @contextmanager
-def local_cluster(replicas: bool = False) -> Iterator[LocalCluster]:
-    ports, bus_ports = [free_port() for _ in range(3)], [free_port() for _ in range(3)]
+def local_cluster(replicas: bool = False, ports: list[int] | None = None) -> Iterator[LocalCluster]:
+    ports, bus_ports = ports or [free_port() for _ in range(3)], [free_port() for _ in range(3)]
     replica_ports = [free_port() for _ in range(3)] if replicas else []
     replica_bus = [free_port() for _ in replica_ports]
     with tempfile.TemporaryDirectory(prefix="strata-cluster-") as folder:

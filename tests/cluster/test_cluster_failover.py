@@ -1,6 +1,7 @@
-"""A master killed under Strata: its replica is promoted, the buckets it held follow their slots
-to the new master, and their entries are served again; meanwhile requests are answered (misses
-or bypasses, never errors and never another scope's answer)."""
+"""A cluster's life under a running Strata. A master killed: its replica is promoted, the buckets
+it held follow their slots to the new master, and their entries are served again; meanwhile
+requests are answered (misses or bypasses, never errors and never another scope's answer). A
+cluster that comes up only after Strata started: bypasses until it answers, then the cache."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from app.cache.buckets import bucket_of
 from app.cache.keys import BUCKETS_KEY
 from tests.cluster.conftest import LocalCluster, local_cluster
 from tests.integration.conftest import strata_settings
-from tests.support import FakeUpstream, ServerThread, ask, serve_strata
+from tests.support import FakeUpstream, ServerThread, ask, free_port, serve_strata
 
 TENANTS = tuple(f"shop-{i}" for i in range(8))
 GENERAL = {"X-Cache-Category": "general"}
@@ -94,3 +95,24 @@ def test_a_killed_masters_buckets_are_served_from_its_promoted_replica(
     assert owner in replicated.replica_ports
     promoted.close()
     cluster.close()
+
+
+def test_a_cluster_that_comes_up_after_strata_is_used_once_it_answers(
+        upstream: FakeUpstream, use_encoder: Any) -> None:
+    ports = [free_port() for _ in range(3)]
+    url = "redis+cluster://" + ",".join(f"127.0.0.1:{port}" for port in ports)
+    settings = strata_settings(url, upstream.url, semantic_enabled=True, redis_cluster_refresh_s=0.5)
+    with serve_strata(settings, use_encoder) as strata:
+        before = ask(strata.url, "怎么申请退款", headers=GENERAL)
+        assert before.status_code == 200 and before.headers["x-cache"] == "bypass"
+        assert httpx.get(strata.url + "/health", timeout=10).json()["redis"]["status"] == "down"
+        assert httpx.post(strata.url + "/admin/cache/invalidate", json={}, timeout=10,
+                          headers={"Authorization": "Bearer test-admin-token"}).status_code == 503
+        with local_cluster(ports=ports):
+            deadline = time.monotonic() + 30
+            while ask(strata.url, "怎么申请退款", headers=GENERAL).headers["x-cache"] != "exact-hit":
+                assert time.monotonic() < deadline, "the cache never came on"
+                time.sleep(0.3)
+            assert ask(strata.url, "退款怎么申请", headers=GENERAL).headers["x-cache"] == "semantic-hit"
+            health = httpx.get(strata.url + "/health", timeout=10).json()
+            assert health["status"] == "ok" and health["redis"]["buckets"] == 9

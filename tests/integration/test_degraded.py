@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import httpx
-import pytest
 
-from tests.integration.conftest import chat, strata_settings
+from tests.integration.conftest import ADMIN_TOKEN, chat, strata_settings
 from tests.support import FakeUpstream, free_port, serve_strata
 
 
-@pytest.mark.single_node("a dead single Redis; in cluster mode Strata needs the cluster at start-up to learn its slots")
-def test_redis_down_means_bypass_and_degraded_health(fake_upstream: FakeUpstream) -> None:
+def test_redis_down_means_bypass_and_degraded_health(fake_upstream: FakeUpstream, on_cluster: bool) -> None:
     fake_upstream.reset()
-    dead_redis = f"redis://127.0.0.1:{free_port()}/0"
+    dead_redis = f"redis+cluster://127.0.0.1:{free_port()}" if on_cluster else f"redis://127.0.0.1:{free_port()}/0"
     with serve_strata(strata_settings(dead_redis, fake_upstream.url)) as server, httpx.Client(base_url=server.url, timeout=10) as client:
         for _ in range(2):
             response = client.post("/v1/chat/completions", json=chat("still answered"))
@@ -20,6 +18,8 @@ def test_redis_down_means_bypass_and_degraded_health(fake_upstream: FakeUpstream
             assert response.json()["choices"][0]["message"]["content"].endswith("still answered")
         health = client.get("/health").json()
         assert health["status"] == "degraded" and health["redis"]["status"] == "down"
+        refused = client.post("/admin/cache/invalidate", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        assert refused.status_code == 503 and refused.json()["error"]["type"] == "cache_unavailable"
         assert 'strata_cache_errors_total{layer="version",operation="read"}' in client.get("/metrics").text
     assert len(fake_upstream.calls) == 2
 
