@@ -177,5 +177,10 @@ class CacheLayer(Protocol):
         ...
 
     async def store(self, query: CacheQuery, completion: bytes) -> None:
-        """Store a complete answer for the query, with the category's TTL."""
+        """Store a complete answer for the query, with the category's TTL.
+
+        Raises:
+            StaleVersion: The version tag moved since the query was planned (nothing stored).
+            StaleScope: The scope's generation moved (nothing stored).
+        """
         ...

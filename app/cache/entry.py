@@ -1,8 +1,9 @@
 """One entry type for every layer: the fields of a cached answer and their Redis hash mapping.
 
 Both layers store the same hash (``HGETALL`` shows it with redis-cli); the semantic layer adds
-the scope digest and the question's embedding. Entries are written in one MULTI/EXEC with their
-TTL, so no entry ever exists without one.
+the scope digest and the question's embedding. Entries are written by one script with their
+TTL, so no entry ever exists without one, and only under the version and generation they were
+asked under.
 """
 
 from __future__ import annotations
@@ -30,7 +31,10 @@ from app.cache.keys import (
     FIELD_SOURCE,
     FIELD_TENANT,
     NO_GENERATION,
+    Keyspace,
+    scope_fields,
 )
+from app.cache.version import CHECK_CURRENT, raise_if_moved
 
 _INTEGER_FIELDS = (FIELD_CREATED_AT, FIELD_EXPIRES_AT, FIELD_HITS)
 
@@ -151,9 +155,39 @@ class CacheEntry(msgspec.Struct, frozen=True, kw_only=True):
             raise CorruptEntry(f"cache entry lacks or garbles {exc}") from exc
 
 
-async def write_entry(redis: Redis, key: str, entry: CacheEntry) -> None:
-    """Store an entry with its TTL in one MULTI/EXEC: it never exists without one."""
-    async with redis.pipeline(transaction=True) as pipe:
-        pipe.hset(key, mapping=entry.to_hash())
-        pipe.expire(key, entry.ttl_seconds)
-        await pipe.execute()
+# Write an entry with its TTL only if the version tag and the scope's generation are still the
+# ones the answer was asked under: an answer generated while the cache was invalidated is never
+# stored, and the check costs no round trip of its own. KEYS: version, entry, scopes. ARGV:
+# version number, generation, the three scope fields, TTL, then field, value, field, value, ...
+_WRITE_IF_CURRENT = CHECK_CURRENT + """
+redis.call('HSET', KEYS[2], unpack(ARGV, 7))
+redis.call('EXPIRE', KEYS[2], ARGV[6])
+return {1, false}
+"""
+
+
+class EntryWriter:
+    """Writes entries of one keyspace, each in one script with its TTL and the check above.
+
+    Args:
+        redis: The Redis of the keyspace.
+        keys: The keyspace (its version tag and scope counters are checked).
+    """
+
+    def __init__(self, redis: Redis, keys: Keyspace) -> None:
+        self._script = redis.register_script(_WRITE_IF_CURRENT)
+        self._keys = keys
+
+    async def write(self, key: str, entry: CacheEntry, query: CacheQuery) -> None:
+        """Store ``entry`` under ``key`` with its TTL.
+
+        Raises:
+            StaleVersion: The version tag moved since ``query`` was planned (nothing written).
+            StaleScope: The scope's generation moved (nothing written).
+        """
+        args: list[Any] = [query.version[1:], query.generation,
+                           *scope_fields(query.category.name, query.canonical.tenant), entry.ttl_seconds]
+        for name, value in entry.to_hash().items():
+            args += (name, value)
+        found, value = await self._script(keys=[self._keys.version_key, key, self._keys.scopes_key], args=args)
+        raise_if_moved(found, value)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from redis.asyncio import Redis
 
 from app.cache.base import CacheHit, CacheQuery
-from app.cache.entry import CacheEntry, write_entry
+from app.cache.entry import CacheEntry, EntryWriter
 from app.cache.keys import FIELD_ANSWER, FIELD_HITS, KEYS, Keyspace, scope_fields
-from app.cache.version import StaleScope, StaleVersion
+from app.cache.version import CHECK_CURRENT, raise_if_moved
 
 EXACT = "exact"
 
@@ -15,12 +15,7 @@ EXACT = "exact"
 # still current (so an invalidation anywhere takes effect at once), then read the answer and
 # count the hit. HINCRBY runs only on an existing entry, so a miss never creates a key without
 # a TTL. KEYS: version, entry, scopes. ARGV: version number, generation, the three scope fields.
-_LOOKUP_SCRIPT = f"""
-local current = redis.call('GET', KEYS[1])
-if current ~= ARGV[1] then return {{0, current}} end
-local counters = redis.call('HMGET', KEYS[3], ARGV[3], ARGV[4], ARGV[5])
-local generation = (counters[1] or '0') .. '.' .. (counters[2] or '0') .. '.' .. (counters[3] or '0')
-if generation ~= ARGV[2] then return {{2, generation}} end
+_LOOKUP_SCRIPT = CHECK_CURRENT + f"""
 local answer = redis.call('HGET', KEYS[2], '{FIELD_ANSWER}')
 if answer then redis.call('HINCRBY', KEYS[2], '{FIELD_HITS}', 1) end
 return {{1, answer}}
@@ -40,6 +35,7 @@ class ExactCache:
         self._redis = redis
         self._keys = keys
         self._lookup = redis.register_script(_LOOKUP_SCRIPT)
+        self._writer = EntryWriter(redis, keys)
 
     async def lookup(self, query: CacheQuery) -> CacheHit | None:
         """Find the answer stored for exactly this canonical request.
@@ -52,13 +48,10 @@ class ExactCache:
         fields = scope_fields(query.category.name, query.canonical.tenant)
         found, value = await self._lookup(keys=[self._keys.version_key, exact_key(query, self._keys), self._keys.scopes_key],
                                           args=[number, query.generation, *fields])
-        if found == 0:
-            raise StaleVersion(value)
-        if found == 2:
-            raise StaleScope(value.decode() if isinstance(value, bytes) else str(value))
+        raise_if_moved(found, value)
         if value is None:
             return None
         return CacheHit(layer=self.name, completion=value)
 
     async def store(self, query: CacheQuery, completion: bytes) -> None:
-        await write_entry(self._redis, exact_key(query, self._keys), CacheEntry.for_query(query, completion))
+        await self._writer.write(exact_key(query, self._keys), CacheEntry.for_query(query, completion), query)

@@ -238,36 +238,36 @@ class LayeredCache:
             self._skip_store("skipped_incomplete")
             return
         # The answer took seconds to generate: if the cache was invalidated meanwhile, it was
-        # generated for a world that no longer holds, and must not be cached under any version.
-        try:
-            if self.generations is None:
-                current, generation = await self.versions.refresh(), NO_GENERATION
-            else:  # one round trip for both
-                stored, generation = await self.generations.with_version(query.category.name, query.canonical.tenant)
-                current = self.versions.observe(stored) or await self.versions.refresh()
-        except CACHE_ERRORS as exc:
-            self._metrics.cache_failed("version", "read", exc)
-            return
-        if current != query.version or generation != query.generation:
-            self._skip_store("skipped_stale_version")
-            return
+        # generated for a world that no longer holds. Each layer's write checks the version and
+        # the generation in the same script (app/cache/entry.py) and writes nothing if either moved.
         writes = []
         for layer in self._layers:
             if truncated and layer.name != EXACT:
                 self._metrics.stores.labels(layer.name, "skipped_truncated").inc()  # never served semantically
                 continue
             writes.append(self._store_in(layer, query, raw))
-        await asyncio.gather(*writes)  # the layers' keys are independent: one round trip's wait, not one each
-        if plan.candidate is not None and complete:
+        current = await asyncio.gather(*writes)  # the layers' keys are independent: one round trip's wait
+        if plan.candidate is not None and complete and all(current):
             self._learn(query, plan.candidate, raw)
 
-    async def _store_in(self, layer: CacheLayer, query: CacheQuery, raw: bytes) -> None:
+    async def _store_in(self, layer: CacheLayer, query: CacheQuery, raw: bytes) -> bool:
+        """One layer's write; ``False`` when the cache was invalidated meanwhile (nothing written)."""
         try:
             await layer.store(query, raw)
+        except StaleVersion as stale:
+            self.versions.observe(stale.current)  # the next request plans under the new version
+            self._metrics.stores.labels(layer.name, "skipped_stale_version").inc()
+            return False
+        except StaleScope as stale:
+            if self.generations is not None:
+                self.generations.observe(query.category.name, query.canonical.tenant, stale.generation)
+            self._metrics.stores.labels(layer.name, "skipped_stale_version").inc()
+            return False
         except CACHE_ERRORS as exc:
             self._metrics.cache_failed(layer.name, "store", exc)
-            return
+            return True
         self._metrics.stores.labels(layer.name, "stored").inc()
+        return True
 
     def _learn(self, query: CacheQuery, candidate: Candidate, answer: bytes) -> None:
         """Compare the fresh answer with the candidate's in the background: nothing on the

@@ -28,7 +28,7 @@ from redisvl.query import FilterQuery, VectorQuery
 from redisvl.query.filter import FilterExpression, Tag
 
 from app.cache.base import CacheHit, CacheQuery, Candidate, CorruptEntry, EmbeddingFailed, Neighbour, TurnedDown
-from app.cache.entry import CacheEntry, write_entry
+from app.cache.entry import CacheEntry, EntryWriter
 from app.cache.keys import (
     FIELD_ANSWER,
     FIELD_CATEGORY,
@@ -96,6 +96,7 @@ class SemanticCache:
         self._schema_template = yaml.safe_load(schema_path.read_text(encoding="utf-8"))
         self._check = check or CandidateCheck(ThresholdVerifier())
         self.pooled = PooledObservations(redis, learning_refresh_s, keys, pool_sources)
+        self._writer = EntryWriter(redis, keys)
         # Which would-be hits are explored: random across questions and across repeats of one
         # question (a question served wrongly is checked again), and seeded, so that a replay of
         # a stream in one process makes the same draws every time.
@@ -311,7 +312,7 @@ class SemanticCache:
         entry = CacheEntry.for_query(
             query, completion, scope=query.scope_digest, embedding=vector.astype(np.float32).tobytes(), root=key
         )
-        await write_entry(self._redis, key, entry)
+        await self._writer.write(key, entry, query)
 
 
 def _neighbours(root: str, row: dict[str, Any], rows: list[tuple[str, float, dict[str, Any]]], floor: float) -> tuple[Neighbour, ...]:

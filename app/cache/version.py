@@ -18,6 +18,28 @@ from app.cache.keys import KEYS, Keyspace, generation_of, scope_fields, version_
 logger = logging.getLogger("strata.version")
 
 
+# The first lines of every script that must act only under the version tag and the scope
+# generation the worker assumed (the exact lookup, the write of an entry): returns {0, version}
+# or {2, generation} when either moved. KEYS[1]: the version tag, KEYS[3]: the scope counters.
+# ARGV[1]: the version number, ARGV[2]: the generation, ARGV[3..5]: the three scope fields.
+CHECK_CURRENT = """
+local current = redis.call('GET', KEYS[1])
+if current ~= ARGV[1] then return {0, current} end
+local counters = redis.call('HMGET', KEYS[3], ARGV[3], ARGV[4], ARGV[5])
+local generation = (counters[1] or '0') .. '.' .. (counters[2] or '0') .. '.' .. (counters[3] or '0')
+if generation ~= ARGV[2] then return {2, generation} end
+"""
+
+
+def raise_if_moved(found: int, value: bytes | str | None) -> None:
+    """Turn the {0, version} / {2, generation} answer of a script that begins with
+    :data:`CHECK_CURRENT` into :class:`StaleVersion` / :class:`StaleScope`."""
+    if found == 0:
+        raise StaleVersion(value if not isinstance(value, str) else value.encode())
+    if found == 2:
+        raise StaleScope(value.decode() if isinstance(value, bytes) else str(value))
+
+
 class StaleVersion(Exception):
     """The version tag changed since this worker last read it (part of the layer contract:
     the caller adopts ``current`` and asks again).
@@ -74,14 +96,6 @@ class ScopeGenerations:
         """Read a scope's generation from Redis (HMGET; nothing is written)."""
         values = await self._redis.hmget(self.keys.scopes_key, list(scope_fields(category, tenant)))
         return self.observe(category, tenant, generation_of(values))
-
-    async def with_version(self, category: str, tenant: str) -> tuple[bytes | None, str]:
-        """The version number as stored and a scope's generation, read in one round trip."""
-        async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.get(self.keys.version_key)
-            pipe.hmget(self.keys.scopes_key, list(scope_fields(category, tenant)))
-            version, values = await pipe.execute()
-        return version, self.observe(category, tenant, generation_of(values))
 
     async def bump(self, category: str | None, tenant: str | None) -> str:
         """Invalidate a category (every tenant), a tenant (every category) or one pair.

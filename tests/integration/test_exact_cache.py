@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import httpx
+import msgspec
 import openai
 import pytest
 import redis
 
+from app.cache.base import CacheQuery
+from app.cache.exact import ExactCache, exact_key
+from app.cache.keys import canonicalize
+from app.cache.version import StaleScope, StaleVersion
+from app.policy import CategoryPolicy
+from app.wire import ChatCompletionRequest
 from tests.integration.conftest import ADMIN_TOKEN, MODEL, chat, strata_settings
-from tests.support import FakeUpstream, every_keyspace, keyspace, scan, serve_strata
+from tests.support import FakeUpstream, every_keyspace, first_bucket, keyspace, scan, serve_strata
 
 
 def test_miss_then_exact_hit_calls_upstream_once(client: httpx.Client, fake_upstream: FakeUpstream) -> None:
@@ -268,3 +276,34 @@ def test_learned_max_tokens_replace_the_default_once_answers_are_known(
     assert 'strata_learned_max_tokens{category="business"} 16.0' in metrics
     stats = scan(redis_sync, "strata:meta:tokens:business:*")
     assert len(stats) == 1 and redis_sync.hget(stats[0], "n") == b"5" and redis_sync.ttl(stats[0]) > 0
+
+
+def test_an_answer_is_stored_only_under_the_version_and_generation_it_was_asked_under(
+        redis_url: str, redis_sync: redis.Redis) -> None:
+    """The write-back checks both in the script that writes (app/cache/entry.py): an answer the
+    model generated while the cache was invalidated is never stored, under any version."""
+    raw = {"model": MODEL, "messages": [{"role": "user", "content": "asked before the bump"}]}
+    canonical = canonicalize(msgspec.convert(raw, ChatCompletionRequest), raw, tenant="t", category="faq", max_tokens=None)
+    category = CategoryPolicy(name="faq", ttl_seconds=60)
+
+    async def scenario() -> None:
+        client, keys = await first_bucket(redis_url)
+        exact = ExactCache(client, keys)
+        try:
+            await client.set(keys.version_key, 2)  # bumped while the model was answering under v1
+            old = CacheQuery(canonical=canonical, category=category, version="v1")
+            with pytest.raises(StaleVersion):
+                await exact.store(old, b'{"stale": true}')
+            assert not await client.exists(exact_key(old, keys))
+            current = CacheQuery(canonical=canonical, category=category, version="v2")
+            await exact.store(current, b'{"fresh": true}')
+            assert await client.hget(exact_key(current, keys), "answer") == b'{"fresh": true}'
+            assert 0 < await client.ttl(exact_key(current, keys)) <= 60
+            await client.hincrby(keys.scopes_key, "category:faq", 1)  # a targeted invalidation
+            with pytest.raises(StaleScope):
+                await exact.store(current, b'{"stale": true}')
+            assert await client.hget(exact_key(current, keys), "answer") == b'{"fresh": true}'
+        finally:
+            await client.aclose()
+
+    asyncio.run(scenario())

@@ -33,9 +33,10 @@ class Harness:
 
     def __init__(self, redis_url: str, encoder: Any) -> None:
         self.loop = asyncio.new_event_loop()
-        self.redis, keys = self.run(first_bucket(redis_url))
+        self.redis, self.keys = self.run(first_bucket(redis_url))
         self.embedder = BatchingEmbedder(encoder)
-        self.cache = SemanticCache(self.redis, self.embedder, PROJECT_ROOT / "schemas" / "semantic_index.yaml", keys=keys)
+        self.cache = SemanticCache(self.redis, self.embedder, PROJECT_ROOT / "schemas" / "semantic_index.yaml",
+                                   keys=self.keys)
 
     def run(self, coro: Any) -> Any:
         return self.loop.run_until_complete(coro)
@@ -48,6 +49,8 @@ class Harness:
         return CacheQuery(canonical=canonical, category=CATEGORY, version="v1")
 
     def store(self, query: CacheQuery, answer: str) -> None:
+        # Entries are written under their version only while it is current (as the service would have it).
+        self.run(self.redis.set(self.keys.version_key, 1, nx=True))
         self.run(self.cache.store(query, msgspec.json.encode({"answer": answer})))
 
     def lookup(self, query: CacheQuery) -> str | None:
