@@ -95,20 +95,22 @@ status:
 logs:
 	@tail -n 20 $(RUN)/strata/strata.log $(RUN)/vllm/vllm.log $(RUN)/redis/redis.log 2>/dev/null || true
 
-# The whole suite: unit, integration (own Redis Stack on its own port) and end-to-end
-# (real vLLM: reuses one answering on STRATA_TEST_VLLM_URL, or starts its own).
+# The whole suite: unit, integration (own Redis Stack on its own port), the cluster suite (own
+# Redis Clusters), end-to-end (real vLLM: reuses one answering on STRATA_TEST_VLLM_URL, or
+# starts its own); then integration and end-to-end again on a Redis Cluster of their own.
 test: test-deps
 	vllm/vllm.sh install
 	$(PY) -m pytest -q -p no:cacheprovider
-	$(PY) -m pytest -q -p no:cacheprovider --redis-cluster tests/integration
+	$(PY) -m pytest -q -p no:cacheprovider --redis-cluster tests/integration tests/e2e
 
 # Strata on Redis Clusters of its own (3 Redis Stack masters on free ports, redis-stack/cluster.sh,
 # started and removed by the suite): the cluster suite (facts, cluster mode, a master killed under
-# a replica), then the whole integration suite with a cluster in place of the one Redis (tests
+# a replica), then the integration and e2e suites with a cluster in place of the one Redis (tests
 # marked single_node, which stop or kill one Redis process, are skipped there). docs/SCALING.md.
 test-cluster: test-deps
+	vllm/vllm.sh install
 	$(PY) -m pytest -q -p no:cacheprovider tests/cluster
-	$(PY) -m pytest -q -p no:cacheprovider --redis-cluster tests/integration
+	$(PY) -m pytest -q -p no:cacheprovider --redis-cluster tests/integration tests/e2e
 
 # Everything but the end-to-end suite.
 test-fast: test-deps

@@ -6,6 +6,8 @@ import openai
 import pytest
 import redis
 
+from tests.support import scan
+
 pytestmark = pytest.mark.e2e
 
 
@@ -24,7 +26,7 @@ def test_miss_returns_the_model_answer_and_the_repeat_is_an_exact_hit(
     assert one.id != two.id
     # Only complete answers are cached, so the model must have stopped on its own.
     assert one.choices[0].finish_reason == "stop"
-    assert len(list(redis_sync.scan_iter(match="strata:v1:exact:*"))) == 1
+    assert len(scan(redis_sync, "strata:v1:exact:*")) == 1
 
 
 def test_streaming_through_the_sdk_miss_then_hit(strata_e2e: str, vllm: tuple[str, str], redis_sync: redis.Redis) -> None:
