@@ -22,7 +22,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
@@ -105,6 +105,13 @@ def cluster_nodes(url: str) -> list[tuple[str, int]]:
             raise ValueError(f"a cluster node needs host:port, got {node!r}")
         nodes.append((host, int(port)))
     return nodes
+
+
+def cluster_credentials(url: str) -> dict[str, str]:
+    """``username`` and ``password`` of ``redis+cluster://user:secret@host:port,...`` (none given: empty)."""
+    parts = urlsplit(url)
+    found = {"username": parts.username, "password": parts.password}
+    return {name: unquote(value) for name, value in found.items() if value}
 
 
 def choose_tags(count: int, owner: Callable[[str], str], masters: Sequence[str]) -> list[str]:
@@ -219,7 +226,7 @@ def connect_redis(settings: RedisSettings, **where: Any) -> Redis:
     if where:
         # redisvl's search replies are parsed as RESP2 (redis-py 8 defaults to RESP3 on clusters).
         pool = BucketPool(host=where["host"], port=where["port"], protocol=2,
-                          max_connections=settings.max_connections, **options)
+                          max_connections=settings.max_connections, **cluster_credentials(settings.url), **options)
         return Redis(connection_pool=pool)
     return Redis.from_url(settings.url, max_connections=settings.max_connections, **options)
 
@@ -239,7 +246,8 @@ async def open_buckets(settings: RedisSettings) -> Buckets:
         return Buckets([Bucket(KEYS, redis, settings.url)], redis, clustered=False)
     nodes = [ClusterNode(host, port) for host, port in cluster_nodes(settings.url)]
     cluster = RedisCluster(startup_nodes=nodes, protocol=2, socket_timeout=settings.timeout_s,
-                           socket_connect_timeout=settings.timeout_s, max_connections=settings.max_connections)
+                           socket_connect_timeout=settings.timeout_s, max_connections=settings.max_connections,
+                           **cluster_credentials(settings.url))
     try:
         await cluster.initialize()
         masters = sorted(f"{node.host}:{node.port}" for node in cluster.get_primaries())

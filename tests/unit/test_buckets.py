@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from app.cache.buckets import bucket_of, choose_tags, cluster_nodes
+from app.cache.buckets import bucket_of, choose_tags, cluster_credentials, cluster_nodes
 
 
 def test_cluster_nodes_are_read_from_the_url() -> None:
@@ -16,6 +16,9 @@ def test_cluster_nodes_are_read_from_the_url() -> None:
     for bad in ("redis://h:1", "redis+cluster://", "redis+cluster://h", "redis+cluster://h:x"):
         with pytest.raises(ValueError):
             cluster_nodes(bad)
+    assert cluster_credentials("redis+cluster://app:s%40cret@h:1,h:2") == {"username": "app", "password": "s@cret"}
+    assert cluster_credentials("redis+cluster://:only-a-password@h:1") == {"password": "only-a-password"}
+    assert cluster_credentials("redis+cluster://h:1") == {}
 
 
 def owner_of(masters: list[str]):
