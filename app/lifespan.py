@@ -301,9 +301,9 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
     finally:
         try:
             async with asyncio.timeout(5):
-                await resources.cache.settle()  # observations in flight
+                await resources.pipeline.settle()  # write-backs and observations in flight
         except TimeoutError:
-            logger.warning("observations still in flight at shutdown were dropped")
+            logger.warning("write-backs or observations still in flight at shutdown were dropped")
         for task in list(resources.background):
             task.cancel()
         await asyncio.gather(*resources.background, return_exceptions=True)

@@ -68,8 +68,8 @@ class Metrics:
         )
         self.miss_overhead = Histogram(
             "strata_miss_overhead_seconds",
-            "Time a non-streamed miss spends in Strata outside the upstream call (parsing, lookups, single flight, "
-            "write-back)", buckets=_OVERHEAD_BUCKETS, registry=r,
+            "Time a non-streamed miss spends in Strata outside the upstream call until its response is ready "
+            "(parsing, lookups, single flight; the write-back runs after the response)", buckets=_OVERHEAD_BUCKETS, registry=r,
         )
         self.upstream_requests = Counter("strata_upstream_requests", "Calls to the model server", ["result"], registry=r)
         self.upstream_tokens = Counter("strata_upstream_tokens", "Tokens reported by the model server", ["kind"], registry=r)

@@ -103,6 +103,13 @@ class ChatPipeline:
         exchange.body["max_tokens"] = max_tokens
         return await self._relay.send(exchange)
 
+    async def settle(self, *, observations: bool = True) -> None:
+        """Wait for the work left after responses: write-backs, then (unless told not to) the
+        observations they start."""
+        await self._relay.settle()
+        if observations:
+            await self._cache.settle()
+
     async def _plan(self, call: ChatCall, max_tokens: int | None) -> CachePlan:
         if (call.request.n or 1) != 1:
             return CachePlan(CacheMode.UNCACHEABLE)  # several choices cannot be replayed as one

@@ -1,9 +1,16 @@
 """Relaying a request to the model server: the complete answer or its SSE stream, token counts,
-write-back of complete answers, and handing the answer to single-flight followers."""
+write-back of complete answers, and handing the answer to single-flight followers.
+
+The write-back runs after the response has gone out: a miss's client waits for the model, not
+for Redis. Nothing is lost by it: the request's single-flight lease is released only once the
+answer is stored, so an identical request arriving meanwhile waits for this answer instead of
+asking the model again, in this worker or any other.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -19,6 +26,8 @@ from app.stream import StreamAssembler, sse_event
 from app.token_caps import TokenCaps
 from app.upstream import Upstream
 from app.wire import SSE_DONE, ErrorDetail, ErrorResponse, json_encoder
+
+logger = logging.getLogger("strata.relay")
 
 
 class Exchange(msgspec.Struct, kw_only=True):
@@ -57,19 +66,40 @@ class Relay:
         self._cache = cache
         self._metrics = metrics
         self._caps = caps
+        self._writing: set[asyncio.Task[None]] = set()
 
-    async def _answered(self, exchange: Exchange, raw: bytes, completion: dict[str, Any]) -> None:
-        """Book an upstream answer: tokens, write-back, L4's length statistics."""
+    def _answered(self, exchange: Exchange, raw: bytes, completion: dict[str, Any], handoff: bytes | None) -> None:
+        """Book an upstream answer (tokens) and write it back once the response is out; then
+        hand ``handoff`` (the answer, or ``None``: followers ask by themselves) to followers."""
         self._metrics.upstream_requests.labels("ok").inc()
         self._metrics.count_tokens(completion.get("usage"))
-        if self._caps is None:
-            await self._cache.store(exchange.plan, raw, completion)
-            return
-        # Independent round trips, each handling its own failures: side by side, not one after the other.
-        await asyncio.gather(
-            self._cache.store(exchange.plan, raw, completion),
-            self._caps.observe(exchange.category, str(exchange.body.get("model", "")), completion, exchange.learnt_cap),
-        )
+        # Started now, it runs when the request's task next waits, which is after the response
+        # has been written (sending a response this size does not wait).
+        task = asyncio.create_task(self._write_back(exchange, raw, completion, handoff))
+        self._writing.add(task)
+        task.add_done_callback(self._writing.discard)
+
+    async def _write_back(self, exchange: Exchange, raw: bytes, completion: dict[str, Any], handoff: bytes | None) -> None:
+        """Store the answer and L4's length statistics, then hand it to single-flight followers
+        and release the lease (always, so that nobody waits for a write that failed)."""
+        try:
+            stores = [self._cache.store(exchange.plan, raw, completion)]
+            if self._caps is not None:
+                stores.append(self._caps.observe(exchange.category, str(exchange.body.get("model", "")), completion,
+                                                 exchange.learnt_cap))
+            # Independent round trips, each handling its own failures: side by side.
+            await asyncio.gather(*stores)
+        except Exception:  # a bug, not a cache failure (those are handled inside): never silent
+            self._metrics.cache_errors.labels("writeback", "store").inc()
+            logger.exception("write-back of an answer failed")
+        finally:
+            await exchange.finish(handoff)
+
+    async def settle(self) -> None:
+        """Wait for the write-backs in flight (shutdown, replays that must be deterministic); a
+        waiter that is cancelled leaves them running (``wait``, unlike ``gather``, cancels nothing)."""
+        while self._writing:
+            await asyncio.wait(list(self._writing))
 
     async def send(self, exchange: Exchange) -> ChatResult:
         """The upstream's answer as a result (JSON, or a stream that is relayed as it comes).
@@ -100,8 +130,7 @@ class Relay:
             self._failed(exchange)
             raise
         upstream_s = time.perf_counter() - called
-        await self._answered(exchange, raw, completion)
-        await exchange.finish(raw)
+        self._answered(exchange, raw, completion, raw)
         self._metrics.finish(exchange.outcome, exchange.started, exchange.category)
         if exchange.outcome == Outcome.MISS:
             self._metrics.miss_overhead.observe(time.perf_counter() - exchange.started - upstream_s)
@@ -126,7 +155,7 @@ class Relay:
 
     async def _relay(self, first: bytes | None, chunks: AsyncIterator[bytes], exchange: Exchange) -> AsyncIterator[bytes]:
         assembler = StreamAssembler()
-        answer: bytes | None = None
+        answered = False
         try:
             try:
                 if first is not None:
@@ -145,12 +174,14 @@ class Relay:
                 return
             completion = assembler.completion()
             answer = json_encoder.encode(completion)
-            await self._answered(exchange, answer, completion)
+            self._answered(exchange, answer, completion, answer if assembler.complete else None)
+            answered = True  # the write-back finishes the exchange
             self._metrics.finish(exchange.outcome, exchange.started, exchange.category)
             yield sse_event(SSE_DONE)
         finally:
             # Also when the client went away mid-stream: followers must not wait for nothing.
-            await exchange.finish(answer if assembler.complete else None)
+            if not answered:
+                await exchange.finish(None)
 
 
 def _headers(exchange: Exchange) -> dict[str, str]:

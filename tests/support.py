@@ -32,9 +32,42 @@ MODEL = "fake-model"
 FAQ = {"X-Cache-Category": "faq"}
 
 
-def serve_strata(settings: Settings, encoder: Encoder | None = None) -> ServerThread:
-    """Strata itself (``create_app``) on a free port, to be entered with ``with``."""
-    return ServerThread(create_app(settings, encoder=encoder))
+class WrittenBeforeAnswered:
+    """Holds each response's last body message until Strata's write-backs have landed.
+
+    Strata writes an answer back after its response has gone out (app/relay.py), so a test that
+    looks into Redis right after a miss could look too early. Behind this wrapper it never does;
+    the write-back's own timing is tested on a server without it (``written_first=False``).
+    Observations are not waited for: tests of learning wait for them explicitly.
+    """
+
+    def __init__(self, app: Litestar) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_when_written(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                await self.app.state.resources.pipeline.settle(observations=False)
+            await send(message)
+
+        await self.app(scope, receive, send_when_written)
+
+
+def serve_strata(settings: Settings, encoder: Encoder | None = None, *, written_first: bool = True) -> ServerThread:
+    """Strata itself (``create_app``) on a free port, to be entered with ``with``.
+
+    Args:
+        settings: Its settings.
+        encoder: An embedding model already loaded (tests share one).
+        written_first: Responses leave once their write-back has landed (see
+            :class:`WrittenBeforeAnswered`); ``False`` serves Strata exactly as production does.
+    """
+    app = create_app(settings, encoder=encoder)
+    return ServerThread(WrittenBeforeAnswered(app) if written_first else app)
 
 
 def ask(target: str | httpx.Client, question: str, *, key: str | None = None, system: str | None = None,

@@ -27,7 +27,12 @@ def exact_key(query: CacheQuery, keys: Keyspace = KEYS) -> str:
 
 
 class ExactCache:
-    """Exact match on the canonical request."""
+    """Exact match on the canonical request.
+
+    Answers are written back after their response has gone out (app/relay.py); until a write
+    lands, this worker's lookups of that key see the answer being written, once the lookup
+    script has confirmed the version and the scope's generation.
+    """
 
     name = EXACT
 
@@ -36,6 +41,7 @@ class ExactCache:
         self._keys = keys
         self._lookup = redis.register_script(_LOOKUP_SCRIPT)
         self._writer = EntryWriter(redis, keys)
+        self._unwritten: dict[str, bytes] = {}
 
     async def lookup(self, query: CacheQuery) -> CacheHit | None:
         """Find the answer stored for exactly this canonical request.
@@ -46,12 +52,21 @@ class ExactCache:
         """
         number = query.version[1:]
         fields = scope_fields(query.category.name, query.canonical.tenant)
-        found, value = await self._lookup(keys=[self._keys.version_key, exact_key(query, self._keys), self._keys.scopes_key],
+        key = exact_key(query, self._keys)
+        found, value = await self._lookup(keys=[self._keys.version_key, key, self._keys.scopes_key],
                                           args=[number, query.generation, *fields])
         raise_if_moved(found, value)
         if value is None:
-            return None
+            value = self._unwritten.get(key)
+            if value is None:
+                return None
         return CacheHit(layer=self.name, completion=value)
 
     async def store(self, query: CacheQuery, completion: bytes) -> None:
-        await self._writer.write(exact_key(query, self._keys), CacheEntry.for_query(query, completion), query)
+        key = exact_key(query, self._keys)
+        self._unwritten[key] = completion
+        try:
+            await self._writer.write(key, CacheEntry.for_query(query, completion), query)
+        finally:
+            if self._unwritten.get(key) is completion:
+                del self._unwritten[key]

@@ -182,6 +182,6 @@ def run_simulated(stream: list[Any], *, settings: Settings, category: str, encod
                     for item in faq:
                         known.setdefault(item.answer, f"faq:{item.question}")
                 return await replay(stream, client, model="simulated", category=category,
-                                    after_each=resources.cache.settle, known_answers=known)
+                                    after_each=resources.pipeline.settle, known_answers=known)
 
         return asyncio.run(go())
