@@ -29,8 +29,8 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "data"
 MODEL = "bench-model"
-# The hit paths measured: the adaptive `faq` (shipped) and the static verified policy it replaced.
-CATEGORIES = {"semantic": "verified", "adaptive": "faq"}
+# The hit paths measured: the adaptive `faq` (shipped, not exploring) and the static verified policy it replaced.
+CATEGORIES = {"semantic": "verified", "adaptive": "adaptive"}
 EXACT_CATEGORY = "verified"
 
 # Targets from the semantic-layer issue, for a 2-core machine with the load generator on it.
@@ -284,8 +284,9 @@ def report(runs: list[tuple[str, Run]], rss: float, source: str, sizes: tuple[in
         "- Load generator: wrk 4.1 (a separate C process on the same 2 cores as Strata, Redis and the stub upstream)",
         f"- Service: one Strata worker (uvicorn, uvloop, httptools), default settings, embedder USE multilingual v3 int8 ONNX; {duration} s per run",
         f"- Data: {source}; {sizes[0]} exact-hit bodies, {sizes[1]} paraphrases that semantic-hit in category "
-        f"`verified` (cosine 0.88 + learned verifier, bench/policy.yaml) and {sizes[2]} in the adaptive `faq` "
-        "(app/cache/learning.py; its pooled observations seeded so the decision serves), rotated",
+        f"`verified` (cosine 0.88 + learned verifier, bench/policy.yaml) and {sizes[2]} in `adaptive`, the shipped "
+        "adaptive `faq` without exploration (app/cache/learning.py; its pooled observations seeded so the decision "
+        "serves), rotated",
         "",
         "| run | concurrency | p50 ms | p90 ms | p99 ms | req/s | requests | outcomes (status:X-Cache=count) | verdict |",
         "|---|---|---|---|---|---|---|---|---|",
