@@ -348,7 +348,7 @@ def cmd_faq_load(args: argparse.Namespace, settings: Settings) -> int:
     try:
         tag, entries, variants = asyncio.run(go())
     except (RedisError, OSError) as exc:
-        return _fail(f"Redis at {settings.redis.url}: {exc}")
+        return _fail(f"Redis at {settings.redis.shown_url}: {exc}")
     print(f"loaded {entries} curated answers and {variants} variants from {path} as {name!r} (cache version {tag})")
     return 0
 

@@ -119,7 +119,7 @@ def cmd_invalidate(args: argparse.Namespace, settings: Settings) -> int:
         print(f"strata: {exc}", file=sys.stderr)
         return 1
     except (RedisError, OSError) as exc:
-        return _fail(f"Redis at {settings.redis.url}: {exc}")
+        return _fail(f"Redis at {settings.redis.shown_url}: {exc}")
     result = {**msgspec.to_builtins(done), "swept": swept}
     if args.json:
         print(json.dumps(result))
@@ -141,7 +141,7 @@ def cmd_audit(args: argparse.Namespace, settings: Settings) -> int:
     try:
         rows = asyncio.run(go())
     except (RedisError, OSError) as exc:
-        return _fail(f"Redis at {settings.redis.url}: {exc}")
+        return _fail(f"Redis at {settings.redis.shown_url}: {exc}")
     if args.json:
         print(json.dumps(rows))
         return 0
@@ -228,7 +228,7 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
     try:
         stats = asyncio.run(go())
     except (RedisError, OSError) as exc:
-        return _fail(f"Redis at {settings.redis.url}: {exc}")
+        return _fail(f"Redis at {settings.redis.shown_url}: {exc}")
     if args.json:
         print(json.dumps(stats))
         return 0
@@ -313,7 +313,7 @@ def cmd_inspect(args: argparse.Namespace, settings: Settings) -> int:
         print(f"strata: {exc}", file=sys.stderr)
         return 1
     except (RedisError, OSError) as exc:
-        return _fail(f"Redis at {settings.redis.url}: {exc}")
+        return _fail(f"Redis at {settings.redis.shown_url}: {exc}")
     if args.json:
         print(json.dumps(described, ensure_ascii=False))
         return 0

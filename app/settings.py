@@ -37,6 +37,15 @@ class RedisSettings(msgspec.Struct, frozen=True, kw_only=True):
     def cluster(self) -> bool:
         return self.url.startswith("redis+cluster://")
 
+    @property
+    def shown_url(self) -> str:
+        """The URL for logs and messages: a password in it is replaced by ``***``."""
+        head, at, where = self.url.rpartition("@")
+        if not at or ":" not in head.partition("://")[2]:
+            return self.url
+        scheme, _, user = head.partition("://")
+        return f"{scheme}://{user.partition(':')[0]}:***@{where}"
+
 
 class UpstreamSettings(msgspec.Struct, frozen=True, kw_only=True):
     """The OpenAI-compatible model server."""

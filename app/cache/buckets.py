@@ -43,6 +43,9 @@ logger = logging.getLogger("strata.buckets")
 CLUSTER_SCHEME = "redis+cluster"
 # Bucket tags are probed in this order (b0, b1, ...); 16,384 slots make a few dozen enough.
 MAX_TAG_PROBES = 100_000
+# Reads of the slot map at start-up before serving without the cache: the fail-fast timeout is
+# for requests; one slow answer while a busy machine starts must not cost a cache-less interval.
+STARTUP_ATTEMPTS = 3
 
 
 class ClusterUnavailable(ConnectionError):
@@ -245,25 +248,30 @@ async def open_buckets(settings: RedisSettings) -> Buckets:
         redis = connect_redis(settings)
         return Buckets([Bucket(KEYS, redis, settings.url)], redis, clustered=False)
     nodes = [ClusterNode(host, port) for host, port in cluster_nodes(settings.url)]
-    cluster = RedisCluster(startup_nodes=nodes, protocol=2, socket_timeout=settings.timeout_s,
-                           socket_connect_timeout=settings.timeout_s, max_connections=settings.max_connections,
-                           **cluster_credentials(settings.url))
-    try:
-        await cluster.initialize()
-        masters = sorted(f"{node.host}:{node.port}" for node in cluster.get_primaries())
+    for attempt in range(1, STARTUP_ATTEMPTS + 1):
+        cluster = RedisCluster(startup_nodes=nodes, protocol=2, socket_timeout=settings.timeout_s,
+                               socket_connect_timeout=settings.timeout_s, max_connections=settings.max_connections,
+                               **cluster_credentials(settings.url))
+        try:
+            await cluster.initialize()
+            masters = sorted(f"{node.host}:{node.port}" for node in cluster.get_primaries())
 
-        def owner(tag: str) -> str:
-            node = cluster.get_node_from_key(f"{{{tag}}}")
-            return f"{node.host}:{node.port}"
+            def owner(tag: str, cluster: RedisCluster = cluster) -> str:
+                node = cluster.get_node_from_key(f"{{{tag}}}")
+                return f"{node.host}:{node.port}"
 
-        tags = await _stored_tags(cluster, settings.buckets or 3 * len(masters), owner, masters)
-    except (RedisError, RedisClusterException, OSError) as exc:
-        await cluster.aclose()
-        raise ClusterUnavailable(f"Redis Cluster {settings.url}: cannot read its slot map ({exc!r}); "
-                                 "cluster mode needs the cluster at start-up") from exc
-    except BaseException:
-        await cluster.aclose()
-        raise
+            tags = await _stored_tags(cluster, settings.buckets or 3 * len(masters), owner, masters)
+            break
+        except (RedisError, RedisClusterException, OSError) as exc:
+            await cluster.aclose()
+            if attempt == STARTUP_ATTEMPTS:
+                raise ClusterUnavailable(f"Redis Cluster {settings.shown_url}: cannot read its slot map ({exc!r}, "
+                                         f"{attempt} attempts); cluster mode needs the cluster at start-up") from exc
+            logger.warning("Redis Cluster %s: slot map read %d of %d failed (%r), trying again",
+                           settings.shown_url, attempt, STARTUP_ATTEMPTS, exc)
+        except BaseException:
+            await cluster.aclose()
+            raise
     buckets = []
     for tag in tags:
         # A pool per bucket, not per master: after a resharding, buckets of one master may part.

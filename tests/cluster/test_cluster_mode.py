@@ -242,3 +242,30 @@ def test_no_key_lands_outside_its_buckets_slot(warmed: tuple[str, str, dict[str,
                 assert tag in tags and cluster.get_node_from_key(f"{{{tag}}}").port == port, name
         finally:
             node.close()
+
+
+def test_a_slow_first_slot_map_read_at_start_up_is_tried_again(cluster_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from redis.asyncio.cluster import RedisCluster as AsyncCluster
+    from redis.exceptions import TimeoutError as RedisTimeout
+
+    from app.cache.buckets import open_buckets
+    from app.settings import RedisSettings
+
+    real = AsyncCluster.initialize
+    tries: list[int] = []
+
+    async def slow_once(self: AsyncCluster) -> AsyncCluster:
+        tries.append(1)
+        if len(tries) == 1:
+            raise RedisTimeout("Timeout reading from socket")
+        return await real(self)
+
+    monkeypatch.setattr(AsyncCluster, "initialize", slow_once)
+
+    async def opened() -> int:
+        buckets = await open_buckets(RedisSettings(url=cluster_url))
+        await buckets.aclose()
+        return len(buckets.all)
+
+    assert asyncio.run(opened()) == 9
+    assert len(tries) == 2
