@@ -11,8 +11,8 @@ from litestar.di import Provide
 from app.api.admin import AdminController
 from app.api.chat import ChatController
 from app.api.health import HealthController
-from app.api.openapi import OpenAPIController
 from app.api.openai_surface import OpenAISurfaceController
+from app.api.openapi import OpenAPIController
 from app.embed import Encoder
 from app.errors import EXCEPTION_HANDLERS
 from app.lifespan import Resources, build_resources, lifespan

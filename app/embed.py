@@ -166,7 +166,7 @@ class BatchingEmbedder:
             batch, self._pending = self._pending[: self._max_batch], self._pending[self._max_batch :]
             try:
                 matrix = await loop.run_in_executor(self._executor, self._encoder.encode, [t for t, _ in batch])
-            except Exception as exc:  # the model failed: every waiting caller gets the error
+            except Exception as exc:  # noqa: BLE001 - the model failed: every waiting caller gets the error
                 for _, future in batch:
                     if not future.done():
                         future.set_exception(exc)

@@ -15,9 +15,8 @@ import csv
 import hashlib
 import io
 import time
-from pathlib import Path
-
 from collections.abc import Sequence
+from pathlib import Path
 
 import msgspec
 import numpy as np

@@ -15,7 +15,7 @@ from redis.exceptions import RedisClusterException
 
 from app.auth import TenantResolver
 from app.cache.base import CACHE_ERRORS, CacheLayer
-from app.cache.buckets import Bucket, BucketedCache, Buckets, ClusterUnavailable, connect_redis, open_buckets
+from app.cache.buckets import Bucket, BucketedCache, Buckets, ClusterUnavailable, open_buckets
 from app.cache.embeddings import EmbeddingsCache
 from app.cache.exact import ExactCache
 from app.cache.invalidation import BucketedInvalidator, CacheInvalidator, sweep_stale_generations

@@ -90,7 +90,7 @@ async def agreement(rows: list[tuple[str, str]], completions: list[bytes], setti
     print(f"  pairs of different intents judged equivalent: {sum(other):5d} of {len(other):6d} ({np.mean(other):.2%})")
     print(f"  answer cosine, one intent: median {np.median(cosines_same):.3f}, p90 {np.percentile(cosines_same, 90):.3f}; "
           f"different intents: median {np.median(cosines_other):.3f}, p99 {np.percentile(cosines_other, 99):.3f}")
-    for i in range(0, min(len(rows), 6)):
+    for i in range(min(len(rows), 6)):
         print(f"  [{rows[i][0]}] {rows[i][1]!r} -> {texts[i][:160]!r}")
 
 

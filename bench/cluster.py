@@ -28,7 +28,7 @@ from pathlib import Path
 import redis
 from redis.cluster import RedisCluster
 
-from bench.run import ROOT, Run, fill, free_port, machine, semantic_pairs, stack, wrk, own_redis
+from bench.run import ROOT, Run, fill, free_port, machine, own_redis, semantic_pairs, stack, wrk
 
 CATEGORY = "verified"
 OUT = ROOT / "docs" / "SCALING.md"

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import platform
 import subprocess
@@ -242,7 +243,7 @@ def write(arms: dict[str, Arm], args: argparse.Namespace, model: str) -> None:
     plot([arms[n] for n in ("direct", "strata", DAY2) if n in arms], figure)
 
     def f(value: float | None, unit: str = "s") -> str:
-        return "n/a" if value is None or value != value else f"{value:.2f} {unit}".strip()
+        return "n/a" if value is None or math.isnan(value) else f"{value:.2f} {unit}".strip()
 
     lines = [
         "# Replay through a real model",

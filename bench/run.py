@@ -206,7 +206,7 @@ def unique_questions(pairs: list[tuple[str, str]], count: int) -> list[str]:
 def histogram_quantiles(text: str, name: str, quantiles: tuple[float, ...]) -> tuple[list[float], int]:
     """Quantiles (seconds, linear within a bucket) of a Prometheus histogram from /metrics text."""
     buckets = sorted((float("inf") if le == "+Inf" else float(le), float(v))
-                     for le, v in re.findall(rf'^{name}_bucket{{le="([^"]+)"}} ([\d.e+]+)$', text, re.M))
+                     for le, v in re.findall(rf'^{name}_bucket{{le="([^"]+)"}} ([\d.e+]+)$', text, re.MULTILINE))
     total = buckets[-1][1] if buckets else 0.0
     values = []
     for q in quantiles:

@@ -48,13 +48,13 @@ from app.cache.keys import (
     FIELD_SCOPE,
     FIELD_SOURCE,
     FIELD_WRONG_ABOVE,
+    KEYS,
     OBS_CONFIRMED,
     OBS_EXPLORED_OK,
     OBS_EXPLORED_WRONG,
     OBS_GUARD_OK,
     OBS_GUARD_WRONG,
     OBS_OK,
-    KEYS,
     OBS_WRONG,
     SOURCE_MODEL,
     Keyspace,
@@ -420,7 +420,7 @@ class AnswerLearner:
             explored = (OBS_EXPLORED_OK if same else OBS_EXPLORED_WRONG) if candidate.explored else ""
             await self._observe(
                 keys=[candidate.key, self._keys.observations_key(query.version, query.category.name), candidate.root],
-                args=[field, "0" if same else "1", int(round(candidate.similarity * 1000)), explored, POOLED_TTL_S,
+                args=[field, "0" if same else "1", round(candidate.similarity * 1000), explored, POOLED_TTL_S,
                       observation_field(OBS_CONFIRMED, candidate.score_bin)],
             )
         entry = candidate.root if same else (neighbours[0].root if neighbours else None)

@@ -21,6 +21,7 @@ The service and ``strata calibrate`` both decide through :class:`CandidateCheck`
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -89,7 +90,7 @@ class _Terms:
 
     def find(self, text: str, words: Sequence[str]) -> list[str]:
         found = [w for w in words if w in self._latin]
-        found += [f"{a} {b}" for a, b in zip(words, words[1:]) if f"{a} {b}" in self._latin]
+        found += [f"{a} {b}" for a, b in itertools.pairwise(words) if f"{a} {b}" in self._latin]
         if self._other is not None:
             found += self._other.findall(text)
         return found

@@ -111,7 +111,7 @@ def test_the_service_decides_exactly_as_evaluate(
     with serve_strata(settings, use_encoder) as server:
         for index, pair in enumerate(pairs):
             # Each pair in a scope of its own (its own system prompt), as `evaluate` assumes.
-            def ask(text: str) -> httpx.Response:
+            def ask(text: str, index: int = index) -> httpx.Response:
                 messages = [{"role": "system", "content": f"pair {index}"}, {"role": "user", "content": text}]
                 return httpx.post(server.url + "/v1/chat/completions", json={"model": MODEL, "messages": messages},
                                   headers={"X-Cache-Category": "general"}, timeout=10)

@@ -92,7 +92,7 @@ def test_a_tenant_and_a_category_across_tenants(warmed: tuple[str, str, dict[str
 
 def test_the_sweep_deletes_what_a_scope_invalidation_made_unreachable(warmed: tuple[str, str, dict[str, str]],
                                                                       redis_sync: redis.Redis) -> None:
-    one, _, keys = warmed
+    one, _, _ = warmed
     def of_scope() -> set[bytes]:
         return {k for k in entry_keys(redis_sync)
                 if redis_sync.hmget(k, ["category", "tenant"]) == [b"business", b"shop-a"]}
@@ -137,7 +137,7 @@ def test_one_entry_by_key_and_by_question(warmed: tuple[str, str, dict[str, str]
 ])
 def test_bad_invalidations_are_4xx_and_change_nothing(warmed: tuple[str, str, dict[str, str]], redis_sync: redis.Redis,
                                                       body: dict[str, Any]) -> None:
-    one, _, keys = warmed
+    one, _, _ = warmed
     before = (entry_keys(redis_sync), scopes_and_versions(redis_sync))
     response = invalidate(one, body)
     assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_invalidation", response.text
@@ -187,7 +187,7 @@ def test_a_curated_file_is_invalidated_by_its_name(warmed: tuple[str, str, dict[
 
 def test_the_cli_mirrors_the_endpoint(warmed: tuple[str, str, dict[str, str]], redis_url: str,
                                       redis_sync: redis.Redis) -> None:
-    one, two, keys = warmed
+    _, two, keys = warmed
     env = {"STRATA_REDIS_URL": redis_url}
     done = run_cli("cache", "invalidate", "--category", "business", "--tenant", "shop-b", "--json", env=env)
     assert done.returncode == 0, done.stderr

@@ -44,7 +44,7 @@ def keyed_strata(redis_url: str, fake_upstream: FakeUpstream, use_encoder: Any, 
 
 
 def test_keys_are_stored_as_salted_hashes(keys: tuple[Path, str, str]) -> None:
-    path, key_a, key_b = keys
+    path, key_a, _ = keys
     text = path.read_text()
     # The secret is all after "sk-strata-<id>-" (it may hold dashes itself: token_urlsafe).
     secret = key_a.removeprefix("sk-strata-").split("-", 1)[1]
@@ -76,7 +76,7 @@ def test_tenants_never_see_each_others_answers(
     assert ask(keyed_strata, "退款怎么申请", key=key_b).headers["x-cache"] == "semantic-hit"  # its own entry
     assert len(fake_upstream.calls) == 2
     tenants = {redis_sync.hget(k, "tenant") for k in scan(redis_sync, "strata:v1:exact:*")}
-    assert tenants == {b"acme", 'evil"} | @tenant:{*'.encode()}
+    assert tenants == {b"acme", b'evil"} | @tenant:{*'}
 
 
 def test_a_revoked_key_stops_working_without_a_restart(keyed_strata: str, redis_sync: redis.Redis, keys: tuple[Path, str, str]) -> None:
@@ -93,7 +93,7 @@ def test_a_revoked_key_stops_working_without_a_restart(keyed_strata: str, redis_
 
 def test_the_keys_cli(tmp_path: Path) -> None:
     path = tmp_path / "k.json"
-    run = lambda *a: subprocess.run([sys.executable, "-m", "app.cli", "keys", "--file", str(path), *a],  # noqa: E731
+    run = lambda *a: subprocess.run([sys.executable, "-m", "app.cli", "keys", "--file", str(path), *a],
                                     cwd=PROJECT_ROOT, capture_output=True, text=True)
     added = run("add", "--tenant", "shop-a")
     assert added.returncode == 0 and added.stdout.strip().splitlines()[-1].startswith("sk-strata-")

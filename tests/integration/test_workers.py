@@ -30,7 +30,7 @@ def test_metrics_add_up_over_two_workers(redis_url: str, redis_sync: redis.Redis
             for _ in range(6):
                 with httpx.Client(base_url=url, timeout=10) as fresh:
                     text = fresh.get("/metrics").text
-                counts = [float(v) for v in re.findall(r'^strata_requests_total\{outcome="[^"]+"\} ([0-9.e+]+)$', text, re.M)]
+                counts = [float(v) for v in re.findall(r'^strata_requests_total\{outcome="[^"]+"\} ([0-9.e+]+)$', text, re.MULTILINE)]
                 totals.add(sum(counts))
             assert totals == {40.0}, totals  # every scrape, whichever worker answers, sees all 40
             assert client.get("/health").json()["status"] == "ok"
