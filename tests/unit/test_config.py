@@ -98,3 +98,16 @@ def test_a_policy_file_can_build_on_another_and_name_only_what_changes(tmp_path:
     variant.write_text("default_category: x\ncategories:\n  x: {like: nowhere, ttl_seconds: 5}\n", encoding="utf-8")
     with pytest.raises(ValueError, match="nowhere"):
         Policy.load(variant)
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    ("redis://127.0.0.1:6380/0", "redis://127.0.0.1:6380/0"),
+    ("redis://:hunter2@10.0.0.5:6380/0", "redis://:***@10.0.0.5:6380/0"),
+    ("rediss://strata:hunter2@cache.internal:6380/1", "rediss://strata:***@cache.internal:6380/1"),
+    ("redis+cluster://:hunter2@10.0.0.5:7000,10.0.0.6:7000", "redis+cluster://:***@10.0.0.5:7000,10.0.0.6:7000"),
+    ("redis://strata@10.0.0.5:6380", "redis://strata@10.0.0.5:6380"),
+])
+def test_redis_urls_in_messages_hide_their_password(url: str, shown: str) -> None:
+    from app.settings import RedisSettings
+
+    assert RedisSettings(url=url).shown_url == shown
