@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from app.calibrate.pairs import QQP_POOL_SIZE
+from app.replay.streams import CLINC_DOMAINS
 from app.settings import PROJECT_ROOT, Settings
 
 if TYPE_CHECKING:  # the CLI imports numpy and the models only when a command needs them
@@ -225,7 +226,7 @@ def cmd_replay_build(args: argparse.Namespace, settings: Settings) -> int:
     if not source.exists():
         return _fail(f"not found: {source}")
     if args.source == "clinc":
-        stream = clinc_stream(source, args.requests, args.seed, args.oos_share, args.intents)
+        stream = clinc_stream(source, args.requests, args.seed, args.oos_share, args.intents, domain=args.domain)
     else:
         stream = pairs_stream(source, args.requests, args.seed)
     write_stream(stream, Path(args.out))
@@ -435,6 +436,8 @@ def parser() -> argparse.ArgumentParser:
     build.add_argument("--seed", type=int, default=0)
     build.add_argument("--oos-share", type=float, default=0.0, help="share of out-of-scope CLINC queries (each its own label)")
     build.add_argument("--intents", type=int, default=0, help="keep only the first N CLINC intents (0: all)")
+    build.add_argument("--domain", choices=sorted(CLINC_DOMAINS), default="",
+                       help="keep only one CLINC domain's intents (bank: banking and credit cards, 30 intents)")
     build.add_argument("--data-dir", default=str(DEFAULT_DATA))
     build.set_defaults(run=cmd_replay_build)
     run_step = replay_steps.add_parser("run", help="send a stream and report hits by layer, wrong hits, learning curve")

@@ -77,12 +77,27 @@ def zipf_stream(groups: dict[str, list[str]], requests: int, seed: int, exponent
     return out
 
 
+# CLINC150's "banking" and "credit cards" domains (Larson et al. 2019, table 1): one bank's
+# customer service, where intents sit close together (credit_limit / credit_limit_change).
+CLINC_DOMAINS: dict[str, tuple[str, ...]] = {
+    "bank": (
+        "account_blocked", "balance", "bill_balance", "bill_due", "freeze_account", "interest_rate",
+        "min_payment", "order_checks", "pay_bill", "pin_change", "report_fraud", "routing",
+        "spending_history", "transactions", "transfer",
+        "application_status", "apr", "card_declined", "credit_limit", "credit_limit_change", "credit_score",
+        "damaged_card", "expiration_date", "improve_credit_score", "international_fees", "new_card",
+        "redeem_rewards", "replacement_card_duration", "report_lost_card", "rewards_balance",
+    ),
+}
+
+
 def clinc_stream(path: Path, requests: int = 3000, seed: int = 0, oos_share: float = 0.0,
-                 domain_intents: int = 0, phrasings: int = 0) -> list[Request]:
+                 domain_intents: int = 0, phrasings: int = 0, domain: str = "") -> list[Request]:
     """A CLINC150 stream: in-scope intents by Zipf; with ``oos_share`` that share of requests is
     out of scope, each its own label. ``domain_intents`` > 0 keeps only that many intents (a
-    narrower bot); ``phrasings`` > 0 keeps that many utterances per intent (seeded), so that
-    customers repeat each other word for word, as they do."""
+    narrower bot); ``domain`` keeps the intents of one of :data:`CLINC_DOMAINS`; ``phrasings`` > 0
+    keeps that many utterances per intent (seeded), so that customers repeat each other word for
+    word, as they do."""
     groups: dict[str, list[str]] = defaultdict(list)
     out_of_scope = []
     with path.open(encoding="utf-8-sig", newline="") as handle:
@@ -92,6 +107,8 @@ def clinc_stream(path: Path, requests: int = 3000, seed: int = 0, oos_share: flo
                 out_of_scope.append(text)
             else:
                 groups[row["intent"]].append(text)
+    if domain:
+        groups = defaultdict(list, {name: groups[name] for name in CLINC_DOMAINS[domain]})
     if domain_intents:
         keep = sorted(groups)[:domain_intents]
         groups = defaultdict(list, {name: groups[name] for name in keep})
