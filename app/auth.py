@@ -23,15 +23,46 @@ from app.errors import Unauthorized
 DEFAULT_TENANT = "default"
 KEY_PREFIX = "sk-strata-"
 _RELOAD_CHECK_S = 1.0
+MAX_USER_CHARS = 256
+
+
+def valid_user(user: str) -> bool:
+    """A user id: 1 to 256 printable characters, not only spaces (it goes into keys and logs)."""
+    return 0 < len(user) <= MAX_USER_CHARS and user.isprintable() and bool(user.strip())
 
 
 class KeyRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One API key (its hash).
+
+    Attributes:
+        user: The one user the key belongs to, if it is a user's own key: the identity of
+            per-user categories, which no header or body field can then change.
+        may_refresh: Whether ``Cache-Control: no-cache`` from this key may rewrite the answer the
+            tenant's other clients are served (a tenant policy; otherwise it only skips the lookup).
+    """
+
     id: str
     tenant: str
     salt: str
     sha256: str
     created_at: int
     revoked: bool = False
+    user: str | None = None
+    may_refresh: bool = False
+
+
+class Caller(msgspec.Struct, frozen=True, kw_only=True):
+    """Who sent a request, as its API key says.
+
+    Attributes:
+        tenant: The tenant.
+        user: The key's own user, or ``None`` for a tenant-wide key (or no keys file).
+        may_refresh: Whether the key may rewrite shared entries with ``no-cache``.
+    """
+
+    tenant: str
+    user: str | None = None
+    may_refresh: bool = False
 
 
 class KeysFile(msgspec.Struct, kw_only=True):
@@ -60,15 +91,18 @@ def write_keys(path: Path, keys: KeysFile) -> None:
     temporary.replace(path)
 
 
-def add_key(path: Path, tenant: str) -> tuple[str, KeyRecord]:
-    """Create a key for a tenant; returns the key (shown once) and its record."""
+def add_key(path: Path, tenant: str, *, user: str | None = None, may_refresh: bool = False) -> tuple[str, KeyRecord]:
+    """Create a key for a tenant (or one of its users); returns the key (shown once) and its record."""
     if not tenant or len(tenant) > 256:
         raise ValueError("a tenant name must have 1 to 256 characters")
+    if user is not None and not valid_user(user):
+        raise ValueError(f"a user id has 1 to {MAX_USER_CHARS} printable characters")
     keys = read_keys(path)
     key_id = secrets.token_hex(6)
     secret = secrets.token_urlsafe(32)
     salt = secrets.token_hex(16)
-    record = KeyRecord(id=key_id, tenant=tenant, salt=salt, sha256=_digest(salt, secret), created_at=int(time.time()))
+    record = KeyRecord(id=key_id, tenant=tenant, salt=salt, sha256=_digest(salt, secret), created_at=int(time.time()),
+                       user=user, may_refresh=may_refresh)
     keys.keys.append(record)
     write_keys(path, keys)
     return f"{KEY_PREFIX}{key_id}-{secret}", record
@@ -119,8 +153,16 @@ class TenantResolver:
         Raises:
             Unauthorized: Keys are configured and the key is missing, malformed, unknown or revoked.
         """
+        return self.caller(authorization).tenant
+
+    def caller(self, authorization: str | None) -> Caller:
+        """Who sent a request: tenant, the key's own user, what the key may do.
+
+        Raises:
+            Unauthorized: Keys are configured and the key is missing, malformed, unknown or revoked.
+        """
         if self._path is None:
-            return DEFAULT_TENANT
+            return Caller(tenant=DEFAULT_TENANT)
         self._reload()
         scheme, _, key = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not key.startswith(KEY_PREFIX):
@@ -129,4 +171,4 @@ class TenantResolver:
         record = self._by_id.get(key_id)
         if record is None or not hmac.compare_digest(_digest(record.salt, secret), record.sha256):
             raise Unauthorized("the API key is not valid", code="invalid_api_key")
-        return record.tenant
+        return Caller(tenant=record.tenant, user=record.user, may_refresh=record.may_refresh)

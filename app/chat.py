@@ -30,6 +30,7 @@ class ChatCall(msgspec.Struct, frozen=True, kw_only=True):
         request: The validated request.
         raw: The request body as received; its unknown fields pass through to the upstream.
         tenant: The tenant the request is served for.
+        user: The user its answer belongs to, in a per-user category (``None`` elsewhere).
         category: The content category's policy.
         mode: What the cache may do (``Cache-Control``: ``no-cache`` refreshes, ``no-store`` skips).
     """
@@ -39,6 +40,7 @@ class ChatCall(msgspec.Struct, frozen=True, kw_only=True):
     tenant: str
     category: CategoryPolicy
     mode: CacheMode = CacheMode.USE
+    user: str | None = None
 
 
 class ChatResult(msgspec.Struct, kw_only=True):

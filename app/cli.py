@@ -8,7 +8,7 @@
     strata replay run --stream FILE (--url URL | --simulate [--faq FILE.yaml]) [--category NAME] [--policy FILE] [--plot FILE.png]
     strata replay faq --out FILE.yaml [--per-intent N] [--category NAME]
     strata faq load FILE.csv|FILE.yaml [--name NAME]
-    strata keys [--file KEYS.json] add --tenant NAME | revoke KEY_ID | list
+    strata keys [--file KEYS.json] add --tenant NAME [--user ID] [--may-refresh] | revoke KEY_ID | list
     strata cache invalidate ... | audit ...   (app/ops.py)
     strata top [--url URL]                    (app/top.py)
 
@@ -374,8 +374,9 @@ def cmd_keys(args: argparse.Namespace, settings: Settings) -> int:
         return _fail("no keys file: pass --file or set STRATA_KEYS_FILE")
     try:
         if args.action == "add":
-            key, record = add_key(path, args.tenant)
-            print(f"key id {record.id} for tenant {record.tenant!r} (shown once, store it now):")
+            key, record = add_key(path, args.tenant, user=args.user, may_refresh=args.may_refresh)
+            whose = f"user {record.user!r} of tenant {record.tenant!r}" if record.user else f"tenant {record.tenant!r}"
+            print(f"key id {record.id} for {whose} (shown once, store it now):")
             print(key)
         elif args.action == "revoke":
             if not revoke_key(path, args.key_id):
@@ -384,7 +385,8 @@ def cmd_keys(args: argparse.Namespace, settings: Settings) -> int:
         else:
             for record in read_keys(path).keys:
                 state = "revoked" if record.revoked else "active"
-                print(f"{record.id}\t{state}\t{record.tenant}\t{time.strftime('%Y-%m-%d', time.gmtime(record.created_at))}")
+                print(f"{record.id}\t{state}\t{record.tenant}\t{record.user or '-'}\t"
+                      f"{'may-refresh' if record.may_refresh else '-'}\t{time.strftime('%Y-%m-%d', time.gmtime(record.created_at))}")
     except ValueError as exc:
         return _fail(str(exc))
     return 0
@@ -474,6 +476,9 @@ def parser() -> argparse.ArgumentParser:
     actions = keys.add_subparsers(dest="action", required=True)
     add = actions.add_parser("add", help="create a key for a tenant and print it once")
     add.add_argument("--tenant", required=True)
+    add.add_argument("--user", help="a key of one user: the identity of per-user categories (scope: user)")
+    add.add_argument("--may-refresh", action="store_true",
+                     help="Cache-Control: no-cache from this key rewrites the tenant's shared entries")
     revoke = actions.add_parser("revoke", help="revoke a key by its id")
     revoke.add_argument("key_id")
     actions.add_parser("list", help="key ids, state and tenants (never the keys)")

@@ -113,7 +113,7 @@ async def build_resources(settings: Settings, encoder: Encoder | None = None) ->
     """
     policy = Policy.load(settings.resolve(settings.policy_file))
     upstream = Upstream(settings.upstream)
-    metrics = Metrics()
+    metrics = Metrics(tenant_labels=settings.metrics_tenant_labels)
     parts = None
     options = settings.semantic
     if options.enabled:

@@ -44,8 +44,10 @@ class Metrics:
         verifications: Semantic candidates by verification decision and reason.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, tenant_labels: bool = True) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        # Without tenant labels every tenant's series is one (``tenant="-"``): a scrape names no tenant.
+        self._tenant_labels = tenant_labels
         # Requests per category and outcome, added to Redis every few seconds (strata cache stats).
         self.usage = UsageCounts()
         r = self.registry
@@ -79,6 +81,11 @@ class Metrics:
         self.stores = Counter("strata_cache_stores", "Answers written back by layer and result", ["layer", "result"], registry=r)
         self.singleflight = Counter(
             "strata_singleflight", "Identical concurrent misses: leaders and coalesced followers", ["role"], registry=r
+        )
+        self.uncached = Counter(
+            "strata_uncached", "Requests deliberately neither served from nor stored in the cache, by category and "
+            "reason (no_user: a per-user category without an identity; refresh_denied: Cache-Control no-cache "
+            "on a shared category without the right to rewrite it)", ["category", "reason"], registry=r,
         )
         self.embed_batches = Counter("strata_embed_batches", "Embedding model runs (each a batch)", registry=r)
         self.embed_texts = Counter("strata_embed_texts", "Texts embedded", registry=r)
@@ -134,6 +141,10 @@ class Metrics:
             self.category_requests.labels(category, outcome).inc()
             self.usage.add(category, outcome)
         self.latency.labels(outcome).observe(time.perf_counter() - started)
+
+    def tenant(self, tenant: str) -> str:
+        """The value of a ``tenant`` label: the tenant, or ``-`` with tenant labels off."""
+        return tenant if self._tenant_labels else "-"
 
     def count_tokens(self, usage: Any) -> None:
         """Count the tokens of an upstream answer's ``usage``, when it has any."""

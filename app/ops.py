@@ -2,6 +2,7 @@
 
     strata cache invalidate --all | --category C [--tenant T] | --tenant T | --key K
                             | --question Q --model M [--category C] [--tenant T] [--system S] | --faq NAME
+                            | --user U --tenant T [--category C]
     strata cache audit [--count N] [--json]
     strata cache stats [--top N] [--json]
     strata cache inspect KEY | --question Q --model M [--category C] [--tenant T] [--system S] [--json]
@@ -93,9 +94,9 @@ def cmd_invalidate(args: argparse.Namespace, settings: Settings) -> int:
     from app.cache.version import sweep_stale_versions
 
     what = Invalidation(category=args.category, tenant=args.tenant, key=args.key, question=args.question,
-                        model=args.model, system=args.system, faq=args.faq)
+                        model=args.model, system=args.system, faq=args.faq, user=args.user)
     if what.kind == "everything" and not args.all:
-        return _fail("say what to invalidate: --all, --category, --tenant, --key, --question or --faq")
+        return _fail("say what to invalidate: --all, --category, --tenant, --key, --question, --faq or --user")
     if args.all and what.kind != "everything":
         return _fail("--all goes alone")
 
@@ -347,6 +348,7 @@ def register(commands: Any) -> None:
     invalidate.add_argument("--model", help="the model of --question's requests")
     invalidate.add_argument("--system", help="the system prompt of --question's requests")
     invalidate.add_argument("--faq", help="the entries of one `strata faq load` file, by name")
+    invalidate.add_argument("--user", help="every answer of one user of --tenant (per-user categories)")
     invalidate.add_argument("--json", action="store_true")
     invalidate.set_defaults(run=cmd_invalidate)
     audit = steps.add_parser("audit", help="the latest invalidations, newest first")

@@ -113,8 +113,11 @@ class ChatPipeline:
     async def _plan(self, call: ChatCall, max_tokens: int | None) -> CachePlan:
         if (call.request.n or 1) != 1:
             return CachePlan(CacheMode.UNCACHEABLE)  # several choices cannot be replayed as one
+        if call.mode in (CacheMode.REFRESH_DENIED, CacheMode.NO_USER):
+            self._metrics.uncached.labels(call.category.name, call.mode.value).inc()
+            return CachePlan(call.mode)
         if call.mode is CacheMode.SKIP:
             return CachePlan(call.mode)
         canonical = canonicalize(call.request, call.raw, tenant=call.tenant, category=call.category.name,
-                                 max_tokens=max_tokens)
+                                 max_tokens=max_tokens, user=call.user)
         return await self._cache.plan(canonical, call.category, call.mode)

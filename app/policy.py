@@ -52,6 +52,9 @@ class SemanticPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     # differ) stops turning candidates of an entry down once that many answered misses it turned
     # down had the entry's answer and none had another. 0: guards always hold.
     guard_lift: Annotated[int, Meta(ge=0, le=1_000)] = 0
+    # Answers that call tools (``tool_calls``) are served only by their exact key unless this is
+    # true: a cached action executed for another question does harm. The guards still apply.
+    tool_calls: bool = False
 
     def __post_init__(self) -> None:
         if self.accept_above < self.threshold:
@@ -72,14 +75,26 @@ class SemanticPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         return self.judge == "async"
 
 
+# Whose an answer is: ``tenant`` (shared by the tenant's users) or ``user`` (one user's own: the
+# user is in every key and scope, and without an identity the category is not cached).
+Scope = Literal["tenant", "user"]
+SCOPE_TENANT: Scope = "tenant"
+SCOPE_USER: Scope = "user"
+
+
 class CategoryPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     name: str = ""
     description: str = ""
     ttl_seconds: Annotated[int, Meta(ge=1, le=30 * 86400)]
+    scope: Scope = SCOPE_TENANT
     # Cache answers cut by the client's own max_tokens (finish_reason "length") in the exact layer:
     # the key holds that limit, so it is the answer the same request gets. Never semantically.
     cache_truncated: bool = True
     semantic: SemanticPolicy = SemanticPolicy()
+
+    @property
+    def per_user(self) -> bool:
+        return self.scope == SCOPE_USER
 
 
 class _PolicyFile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -115,6 +115,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     workers: int = 1
     log_level: str = "info"
     admin_token: str | None = None
+    # /metrics behind ``Authorization: Bearer <token>`` when set (it names categories and tenants);
+    # ``metrics_tenant_labels`` false puts every tenant in one series (``tenant="-"``).
+    metrics_token: str | None = None
+    metrics_tenant_labels: bool = True
     # Tenants: API keys file (empty: one default tenant, no client auth).
     keys_file: str = ""
     policy_file: str = "schemas/policy.yaml"
@@ -190,7 +194,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             value = environ.get(ENV_PREFIX + name.upper())
             if value is None:
                 continue
-            raw[name] = None if value == "" and name == "admin_token" else value
+            raw[name] = None if value == "" and name in ("admin_token", "metrics_token") else value
         return cls.from_flat(raw, strict=False)
 
     def resolve(self, path: str) -> Path:

@@ -138,9 +138,10 @@ def frame(url: str, previous: Sample, current: Sample, window: Sample) -> list[s
 class Reader:
     """Reads ``/metrics`` and keeps the samples of the last ``WINDOW_S`` seconds."""
 
-    def __init__(self, url: str, timeout: float = 2.0) -> None:
+    def __init__(self, url: str, timeout: float = 2.0, token: str | None = None) -> None:
         self.url = url
-        self._client = httpx.Client(base_url=url, timeout=timeout)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._client = httpx.Client(base_url=url, timeout=timeout, headers=headers)
         self.samples: deque[Sample] = deque()
 
     def read(self) -> Sample:
@@ -181,7 +182,7 @@ def _run_screen(screen: curses.window, reader: Reader, interval: float) -> None:
 
 def cmd_top(args: argparse.Namespace, settings: Settings) -> int:
     url = args.url or f"http://127.0.0.1:{settings.port}"
-    reader = Reader(url)
+    reader = Reader(url, token=settings.metrics_token)
     try:
         if args.once:
             reader.read()

@@ -164,7 +164,7 @@ def seed_evidence(redis_url: str, category: str) -> None:
     from app.cache.keys import KEYS, observation_field
 
     client = redis.Redis.from_url(redis_url)
-    client.hset(KEYS.observations_key("v1", category), mapping={observation_field("ok", b): 10_000 for b in range(160)})
+    client.hset(KEYS.observations_key("v1", category, "default"), mapping={observation_field("ok", b): 10_000 for b in range(160)})
     client.close()
 
 

@@ -104,10 +104,12 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
 
 
 def serve_process(env: dict[str, str], port: int, timeout: float = 60.0) -> subprocess.Popen[bytes]:
-    """Start Strata as production runs it (``python -m app.serve``) and wait for ``/health``."""
+    """Start Strata as production runs it (``python -m app.serve``) and wait for ``/health``; with
+    the tests' policy file unless ``env`` names another (the shipped default category is per-user)."""
     import httpx
 
     root = Path(__file__).resolve().parent.parent
+    env = {"STRATA_POLICY_FILE": "tests/fixtures/policy.yaml", **env}
     process = subprocess.Popen([sys.executable, "-m", "app.serve"], cwd=root, env=env)
     deadline = time.monotonic() + timeout
     while True:
@@ -140,6 +142,9 @@ class FakeUpstream:
         completion_calls: Legacy ``/v1/completions`` requests received.
         embedding_calls: ``/v1/embeddings`` requests received.
         other_calls: Requests to other paths, as (method, path, body).
+        tool_calls: Answer requests that offer ``tools`` with a call of the first one, its
+            arguments naming the question (finish ``stop`` for a named ``tool_choice``, as vLLM
+            does, ``tool_calls`` otherwise).
     """
 
     url: str = ""
@@ -156,6 +161,7 @@ class FakeUpstream:
     completion_calls: list[dict[str, Any]] = field(default_factory=list)
     embedding_calls: list[dict[str, Any]] = field(default_factory=list)
     other_calls: list[tuple[str, str, bytes]] = field(default_factory=list)
+    tool_calls: bool = False
 
     def reset(self) -> None:
         self.calls.clear()
@@ -165,6 +171,7 @@ class FakeUpstream:
         self.status, self.delay, self.finish_reason, self.fail_mid_stream = 200, 0.0, "stop", False
         self.malformed_chunk = False
         self.judge_reply, self.judge_delay = "yes", 0.0
+        self.tool_calls = False
         self.judge_calls.clear()
         self.answers.clear()
 
@@ -202,11 +209,19 @@ class FakeUpstream:
             usage = {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12}
             if body.get("stream"):
                 return Stream(upstream._chunks(identity, content, usage), media_type="text/event-stream")
+            message: dict[str, Any] = {"role": "assistant", "content": content}
+            finish = upstream.finish_reason
+            if upstream.tool_calls and body.get("tools"):
+                name = body["tools"][0]["function"]["name"]
+                arguments = msgspec.json.encode({"asked": body["messages"][-1].get("content")}).decode()
+                message = {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": f"call_{len(upstream.calls)}", "type": "function",
+                     "function": {"name": name, "arguments": arguments}}]}
+                finish = "stop" if isinstance(body.get("tool_choice"), dict) else "tool_calls"
             completion = {
                 **identity,
                 "object": "chat.completion",
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                             "logprobs": None, "finish_reason": upstream.finish_reason}],
+                "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
                 "usage": usage,
             }
             return Response(msgspec.json.encode(completion), media_type="application/json")

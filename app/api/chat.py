@@ -2,16 +2,65 @@
 
 from __future__ import annotations
 
+import hmac
+from typing import Any
+
 from litestar import Controller, Request, Response, get, post
 from litestar.response import Stream
 
-from app.api.protocol import cache_mode, parse_chat_request, system_prompt
+from app.api.protocol import USER_HEADER, cache_mode, cache_user, parse_chat_request, system_prompt
+from app.auth import Caller
+from app.cache.layered import CacheMode
 from app.chat import ChatCall
 from app.errors import InvalidRequest
 from app.lifespan import Resources
+from app.policy import CategoryPolicy
 from app.wire import ChatCompletionRequest
 
 CATEGORY_HEADER = "x-cache-category"
+# An operator's own request (the admin token) may rewrite a shared entry with Cache-Control: no-cache.
+ADMIN_TOKEN_HEADER = "x-strata-admin-token"
+
+
+def request_category(request: Request, resources: Resources) -> CategoryPolicy:
+    """The category ``X-Cache-Category`` names, or the default one.
+
+    Raises:
+        InvalidRequest: No such category.
+    """
+    name = request.headers.get(CATEGORY_HEADER)
+    category = resources.policy.get(name)
+    if category is None:
+        known = ", ".join(sorted(resources.policy.categories))
+        raise InvalidRequest(f"unknown cache category {name!r}; known: {known}", param="X-Cache-Category",
+                             code="unknown_category")
+    return category
+
+
+def _operator(request: Request, resources: Resources) -> bool:
+    token, presented = resources.settings.admin_token, request.headers.get(ADMIN_TOKEN_HEADER)
+    return bool(token and presented) and hmac.compare_digest(str(presented).encode(), str(token).encode())
+
+
+def chat_call(request: Request, resources: Resources, caller: Caller, chat_request: ChatCompletionRequest,
+              raw: dict[str, Any]) -> ChatCall:
+    """The pipeline's call for a validated request: its category, whose answer it is, and what it
+    may do with the cache.
+
+    ``no-cache`` rewrites an entry only where nobody else is served it (a per-user category), or
+    for a key allowed to (``may_refresh``) or an operator (``X-Strata-Admin-Token``); otherwise it
+    only skips the lookup. A per-user category without an identity is not cached at all.
+
+    Raises:
+        InvalidRequest: Unknown category, or a malformed user identity.
+    """
+    category = request_category(request, resources)
+    user = cache_user(caller, request.headers.get(USER_HEADER), chat_request.user, per_user=category.per_user)
+    may_refresh = category.per_user or caller.may_refresh or _operator(request, resources)
+    mode = cache_mode(request.headers.get("cache-control"), may_refresh=may_refresh)
+    if category.per_user and user is None and mode in (CacheMode.USE, CacheMode.REFRESH):
+        mode = CacheMode.NO_USER
+    return ChatCall(request=chat_request, raw=raw, tenant=caller.tenant, category=category, mode=mode, user=user)
 
 
 def check_system_prompt(resources: Resources, request: ChatCompletionRequest, tenant: str) -> None:
@@ -26,7 +75,7 @@ def check_system_prompt(resources: Resources, request: ChatCompletionRequest, te
         return
     findings, _ = resources.hygiene.check(prompt)
     for finding in findings:
-        resources.metrics.prompt_dynamic.labels(finding.kind, tenant).inc()
+        resources.metrics.prompt_dynamic.labels(finding.kind, resources.metrics.tenant(tenant)).inc()
     if findings and resources.settings.prompt_hygiene == "reject":
         first = findings[0]
         raise InvalidRequest(
@@ -42,23 +91,15 @@ class ChatController(Controller):
     @post("/chat/completions", status_code=200)
     async def chat_completions(self, request: Request, resources: Resources) -> Response[bytes] | Stream:
         """Create a chat completion (OpenAI-compatible), served from the cache when possible."""
-        tenant = resources.tenants.tenant(request.headers.get("authorization"))
-        resources.rate_limiter.admit(tenant)
+        caller = resources.tenants.caller(request.headers.get("authorization"))
+        resources.rate_limiter.admit(caller.tenant)
         limits = resources.settings.limits
         chat_request, raw = parse_chat_request(
             await request.body(), max_messages=limits.max_messages, max_content_chars=limits.max_content_chars
         )
-        category_name = request.headers.get(CATEGORY_HEADER)
-        category = resources.policy.get(category_name)
-        if category is None:
-            known = ", ".join(sorted(resources.policy.categories))
-            raise InvalidRequest(
-                f"unknown cache category {category_name!r}; known: {known}", param="X-Cache-Category", code="unknown_category"
-            )
+        call = chat_call(request, resources, caller, chat_request, raw)
         if resources.hygiene is not None:
-            check_system_prompt(resources, chat_request, tenant)
-        call = ChatCall(request=chat_request, raw=raw, tenant=tenant, category=category,
-                        mode=cache_mode(request.headers.get("cache-control")))
+            check_system_prompt(resources, chat_request, caller.tenant)
         result = await resources.pipeline.handle(call)
         if result.stream is not None:
             headers = {**result.headers, "Cache-Control": "no-cache"}

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import hmac
 from typing import Any
 
-from litestar import Controller, Response, get
+from litestar import Controller, Request, Response, get
 
 from app.cache.base import CACHE_ERRORS
 from app.cache.learning import wilson_upper, z_of
+from app.errors import Unauthorized
 from app.lifespan import Resources
 from app.metrics import CONTENT_TYPE
 from app.upstream_metrics import PrefixCache
@@ -100,9 +102,16 @@ class HealthController(Controller):
         return report, warnings
 
     @get("/metrics")
-    async def metrics(self, resources: Resources) -> Response[bytes]:
+    async def metrics(self, request: Request, resources: Resources) -> Response[bytes]:
         """Prometheus text exposition; the dependencies' state, the model server's prefix-cache
-        figures and the adaptive categories' live precision are read on the way."""
+        figures and the adaptive categories' live precision are read on the way. Behind
+        ``STRATA_METRICS_TOKEN`` when it is set."""
+        token = resources.settings.metrics_token
+        if token:
+            scheme, _, presented = request.headers.get("authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(presented.encode(), token.encode()):
+                raise Unauthorized("/metrics needs the metrics token (Authorization: Bearer <STRATA_METRICS_TOKEN>)",
+                                   code="invalid_metrics_token")
         redis, _, _ = await self._dependencies(resources)
         await self._prefix_cache(resources)
         if redis["status"] == "ok" and resources.semantic is not None:

@@ -8,26 +8,15 @@ import logging
 from litestar import Controller, Request, Response, post, route
 from litestar.response import Stream
 
-from app.api.chat import CATEGORY_HEADER
-from app.api.protocol import cache_mode, completion_as_chat, parse_view
+from app.api.chat import chat_call
+from app.api.protocol import completion_as_chat, parse_view
 from app.cache.base import CACHE_ERRORS
 from app.cache.embeddings import embeddings_digest
-from app.chat import ChatCall
-from app.errors import InvalidRequest, StrataError
+from app.errors import StrataError
 from app.lifespan import Resources
 from app.wire import CompletionRequest, EmbeddingRequest, chat_as_legacy, completion_decoder, json_encoder
 
 logger = logging.getLogger("strata.api")
-
-
-def _category(request: Request, resources: Resources):  # type: ignore[no-untyped-def]
-    name = request.headers.get(CATEGORY_HEADER)
-    category = resources.policy.get(name)
-    if category is None:
-        known = ", ".join(sorted(resources.policy.categories))
-        raise InvalidRequest(f"unknown cache category {name!r}; known: {known}", param="X-Cache-Category",
-                             code="unknown_category")
-    return category
 
 
 async def passthrough(request: Request, resources: Resources, path: str, body: bytes) -> Response[bytes] | Stream:
@@ -48,15 +37,14 @@ class OpenAISurfaceController(Controller):
         """Create a text completion (legacy, OpenAI-compatible). One text prompt without echo,
         logprobs, suffix or several choices goes through the cache layers like a chat question
         (exact and semantic on the prompt); anything else, streaming included, is passed through."""
-        tenant = resources.tenants.tenant(request.headers.get("authorization"))
-        resources.rate_limiter.admit(tenant)
+        caller = resources.tenants.caller(request.headers.get("authorization"))
+        resources.rate_limiter.admit(caller.tenant)
         body = await request.body()
         legacy, raw = parse_view(body, CompletionRequest)
         if not legacy.cacheable:
             return await passthrough(request, resources, "completions", body)
         chat, chat_raw = completion_as_chat(legacy, raw)
-        call = ChatCall(request=chat, raw=chat_raw, tenant=tenant, category=_category(request, resources),
-                        mode=cache_mode(request.headers.get("cache-control")))
+        call = chat_call(request, resources, caller, chat, chat_raw)
         result = await resources.pipeline.handle(call)
         assert result.body is not None  # not streamed
         answer = json_encoder.encode(chat_as_legacy(completion_decoder.decode(result.body)))

@@ -7,6 +7,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from app.auth import Caller, valid_user
 from app.cache.keys import text_of
 from app.cache.layered import CacheMode
 from app.errors import InvalidRequest
@@ -128,13 +129,41 @@ def system_prompt(request: ChatCompletionRequest) -> str:
     return "\n".join(parts)
 
 
-def cache_mode(header: str | None) -> CacheMode:
-    """Read ``Cache-Control``: ``no-store`` skips the cache, ``no-cache`` refreshes it."""
+def cache_mode(header: str | None, *, may_refresh: bool = True) -> CacheMode:
+    """Read ``Cache-Control``: ``no-store`` skips the cache; ``no-cache`` refreshes the entry when
+    the caller may rewrite it, and otherwise only skips the lookup (the entry stays as it is)."""
     if not header:
         return CacheMode.USE
     tokens = {token.strip().lower() for token in header.split(",")}
     if "no-store" in tokens:
         return CacheMode.SKIP
     if "no-cache" in tokens:
-        return CacheMode.REFRESH
+        return CacheMode.REFRESH if may_refresh else CacheMode.REFRESH_DENIED
     return CacheMode.USE
+
+
+# Who the answers of a per-user category (``scope: user``) belong to, when the API key does not say.
+USER_HEADER = "x-cache-user"
+
+
+def cache_user(caller: Caller, header: str | None, body_user: str | None, *, per_user: bool) -> str | None:
+    """The user a request's answer belongs to: the key's own user; else ``X-Cache-User``; else the
+    body's OpenAI ``user`` field. ``None`` in a shared category, where answers belong to no user.
+
+    Raises:
+        InvalidRequest: ``X-Cache-User`` is malformed (in any category), or in a per-user category
+            the ``user`` field the identity would come from is.
+    """
+    if header is not None and not valid_user(header):
+        raise InvalidRequest("`X-Cache-User` must have 1 to 256 printable characters", param="X-Cache-User",
+                             code="invalid_user")
+    if not per_user:
+        return None
+    if caller.user is not None:
+        return caller.user  # a user's own key: no header or field can speak for another user
+    if header is not None:
+        return header
+    if body_user is not None and not valid_user(body_user):
+        raise InvalidRequest("`user` must have 1 to 256 printable characters to identify the user of a per-user "
+                             "category", param="user", code="invalid_user")
+    return body_user

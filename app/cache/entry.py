@@ -30,6 +30,7 @@ from app.cache.keys import (
     FIELD_SCOPE,
     FIELD_SOURCE,
     FIELD_TENANT,
+    FIELD_USER,
     NO_GENERATION,
     Keyspace,
     scope_fields,
@@ -58,6 +59,7 @@ class CacheEntry(msgspec.Struct, frozen=True, kw_only=True):
         source: ``faq`` for an operator's curated answer; absent for the model's.
         generation: The (category, tenant) generation it was stored under, once its scope has
             had a targeted invalidation (a sweep deletes entries of older generations).
+        user: The user it belongs to, in a per-user category (``strata cache invalidate --user``).
     """
 
     question: str
@@ -73,6 +75,7 @@ class CacheEntry(msgspec.Struct, frozen=True, kw_only=True):
     root: str | None = None
     source: str | None = None
     generation: str | None = None
+    user: str | None = None
 
     @classmethod
     def for_query(cls, query: CacheQuery, answer: bytes, *, now: int | None = None, **extra: Any) -> CacheEntry:
@@ -95,6 +98,7 @@ class CacheEntry(msgspec.Struct, frozen=True, kw_only=True):
             created_at=created,
             expires_at=created + query.category.ttl_seconds,
             generation=None if query.generation == NO_GENERATION else query.generation,
+            user=canonical.user,
             **extra,
         )
 
@@ -124,6 +128,8 @@ class CacheEntry(msgspec.Struct, frozen=True, kw_only=True):
             fields[FIELD_SOURCE] = self.source
         if self.generation is not None:
             fields[FIELD_GENERATION] = self.generation
+        if self.user is not None:
+            fields[FIELD_USER] = self.user
         return fields
 
     @classmethod
@@ -148,6 +154,7 @@ class CacheEntry(msgspec.Struct, frozen=True, kw_only=True):
                 root=text.get(FIELD_ROOT),
                 source=text.get(FIELD_SOURCE),
                 generation=text.get(FIELD_GENERATION),
+                user=text.get(FIELD_USER),
                 embedding=embedding.encode() if isinstance(embedding, str) else embedding,
                 **{name: int(text[name]) for name in _INTEGER_FIELDS},
             )

@@ -1,5 +1,6 @@
 """Invalidation an operator can aim: everything (the version tag), one category and/or tenant
-(its generation), one entry by key, the entry a question would be served, or one curated file.
+(its generation), one entry by key, the entry a question would be served, one curated file, or
+every answer of one user of a tenant (per-user categories).
 
 Every kind is O(1) on the request path: a bump makes entries unreachable at once (their keys and
 semantic scope hold the version and the generation), and a background sweep returns their
@@ -28,6 +29,7 @@ from app.cache.keys import (
     FIELD_GENERATION,
     FIELD_ROOT,
     FIELD_TENANT,
+    FIELD_USER,
     KEYS,
     NAMESPACE,
     NO_GENERATION,
@@ -74,6 +76,8 @@ class Invalidation(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         model: The model of ``question``'s request.
         system: The system prompt of ``question``'s request.
         faq: Every entry one ``strata faq load`` file wrote (its name).
+        user: With ``tenant`` (and optionally ``category``): every entry of that user of the
+            tenant (per-user categories), found by a scan of the current version.
     """
 
     category: str | None = None
@@ -83,9 +87,12 @@ class Invalidation(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     model: str | None = None
     system: str | None = None
     faq: str | None = None
+    user: str | None = None
 
     @property
     def kind(self) -> str:
+        if self.user is not None:
+            return "user"
         if self.key is not None:
             return "key"
         if self.question is not None:
@@ -164,6 +171,9 @@ class CacheInvalidator:
             raise InvalidationError("question needs a non-empty text and the model of its requests")
         if (what.model is not None or what.system is not None) and what.question is None:
             raise InvalidationError("model and system go with question")
+        if what.user is not None and (what.tenant is None or targets or not 0 < len(what.user) <= 256):
+            raise InvalidationError("user names a user of one tenant: with tenant (and optionally category), "
+                                    "1 to 256 characters")
 
     async def invalidate(self, what: Invalidation, *, who: str) -> Invalidated:
         """Carry out one invalidation and record it in the audit stream.
@@ -195,10 +205,35 @@ class CacheInvalidator:
         elif kind == "question":
             key = await self.entry_of_question(what)
             done = Invalidated(kind=kind, target=key, deleted=await self._delete_entry(key))
+        elif kind == "user":
+            assert what.user is not None and what.tenant is not None
+            deleted = await self._delete_user(what.tenant, what.user, what.category)
+            done = Invalidated(kind=kind, target=f"user {what.user} of tenant {what.tenant}", deleted=deleted)
         else:
             assert what.faq is not None
             done = Invalidated(kind=kind, target=what.faq, deleted=await self._delete_faq(what.faq))
         return done
+
+    async def _delete_user(self, tenant: str, user: str, category: str | None, batch: int = 500) -> int:
+        """Delete every entry (exact, semantic, and so their aliases) of one user of a tenant in the
+        current version. An answer being written back for that user meanwhile may still land: it
+        is that user's own, served to nobody else, and expires with its TTL."""
+        tag = await self._versions.refresh()
+        keys = self._versions.keys
+        deleted = 0
+        for prefix in (keys.exact_prefix(tag), keys.semantic_prefix(tag)):
+            found = [k async for k in self._redis.scan_iter(match=prefix + "*", count=1000) if b":faq-" not in k]
+            for start in range(0, len(found), batch):
+                chunk = found[start:start + batch]
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    for key in chunk:
+                        pipe.hmget(key, [FIELD_TENANT, FIELD_USER, FIELD_CATEGORY])
+                    rows = await pipe.execute()
+                mine = [key for key, (t, u, c) in zip(chunk, rows, strict=True)
+                        if _text(t) == tenant and _text(u) == user and (category is None or _text(c) == category)]
+                if mine:
+                    deleted += int(await self._redis.unlink(*mine))
+        return deleted
 
     def for_key(self, key: str) -> CacheInvalidator:
         """The invalidator of the keyspace holding ``key`` (this one on a single Redis)."""
@@ -301,6 +336,9 @@ class BucketedInvalidator(CacheInvalidator):
 
     async def carry_out(self, what: Invalidation) -> Invalidated:
         kind = what.kind
+        if kind == "user":
+            done = await asyncio.gather(*(each.carry_out(what) for each in self._each))
+            return msgspec.structs.replace(done[0], deleted=sum(d.deleted for d in done))
         if kind in ("everything", "scope"):
             # Each bucket's lookups check their own copy atomically: no bucket is half-invalidated.
             done = await asyncio.gather(*(each.carry_out(what) for each in self._each))

@@ -12,7 +12,10 @@ Redis key layout (every name readable with ``redis-cli``)::
     strata:vN:sem:<sha256>         HASH    L2 entry, indexed by the RediSearch index strata:vN:sem
     strata:vN:lease:<sha256>       STRING  single-flight lease while one worker asks the model
     strata:vN:emb:<sha256>         HASH    a /v1/embeddings response (answer, model, tenant, created_at, hits)
-    strata:vN:obs:<category>       HASH    pooled observations of an adaptive category (ok:<bin>, wrong:<bin>)
+    strata:vN:obs:<category>:<tenant>
+                                   HASH    a tenant's pooled observations in an adaptive category (ok:<bin>,
+                                           wrong:<bin>): what that tenant's decisions read, and only that
+    strata:vN:obs:<category>       HASH    the same over all tenants: for /health and /metrics only
     strata:meta:tokens:<category>:<model sha256[:16]>
                                    HASH    L4: completion lengths of complete answers (b:<bucket of 8>, n,
                                            capped, cut), for the learned max_tokens
@@ -56,6 +59,8 @@ FIELD_QUESTION = "question"
 FIELD_ANSWER = "answer"
 FIELD_MODEL = "model"
 FIELD_TENANT = "tenant"
+# The user an entry of a per-user category (scope: user) belongs to; absent in shared categories.
+FIELD_USER = "user"
 FIELD_CATEGORY = "category"
 FIELD_SCOPE = "scope"
 FIELD_CREATED_AT = "created_at"
@@ -188,9 +193,12 @@ class Keyspace(msgspec.Struct, frozen=True):
     def faq_set_key(self, tag: str, name: str) -> str:
         return f"{self.namespace}:{tag}:faqset:{name}"
 
-    def observations_key(self, tag: str, category: str) -> str:
-        """Pooled observations of an adaptive category: the prior of every entry in it."""
-        return f"{self.namespace}:{tag}:obs:{category}"
+    def observations_key(self, tag: str, category: str, tenant: str | None = None) -> str:
+        """Pooled observations of an adaptive category: one tenant's (what its decisions read:
+        one tenant's traffic never moves what another is served), or with ``tenant=None`` every
+        tenant's together (what the live-precision figures of /health and /metrics read)."""
+        pool = f"{self.namespace}:{tag}:obs:{category}"
+        return pool if tenant is None else f"{pool}:{tenant}"
 
 
 def observation_field(result: str, score_bin: int) -> str:
@@ -202,33 +210,40 @@ def observation_field(result: str, score_bin: int) -> str:
 KEYS = Keyspace()
 
 
+# Full-width ASCII (U+FF01-U+FF5E) and the ideographic space: the same characters typed on a
+# CJK keyboard. Nothing else is folded: NFKC would also fold superscripts, fractions, circled
+# and Roman numerals and unit symbols ("2³" into "23"), merging questions that differ.
+_WIDTH_FOLD = {code: code - 0xFEE0 for code in range(0xFF01, 0xFF5F)} | {0x3000: 0x20}
+
+
 def normalize_text(text: str) -> str:
-    """NFKC and trimmed: full-width and half-width forms, stray spaces, compare equal."""
-    return unicodedata.normalize("NFKC", text).strip()
+    """NFC, full-width ASCII as ASCII, trimmed: only what cannot change a question's meaning."""
+    return unicodedata.normalize("NFC", text).translate(_WIDTH_FOLD).strip()
 
 
-def _normalize_content(content: str | list[ContentPart] | None) -> Any:
+def _normalize_content(content: Any) -> Any:
+    """A message's content as the key sees it: texts normalised, every other part (image_url with
+    its url and detail, input_audio, file, unknown types) kept whole, as the client sent it."""
     if content is None or isinstance(content, str):
         return None if content is None else normalize_text(content)
+    if not isinstance(content, list):
+        return content
     return [
-        {"type": part.type, "text": normalize_text(part.text)} if part.text is not None else msgspec.to_builtins(part)
+        {**part, "text": normalize_text(part["text"])}
+        if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str) else part
         for part in content
     ]
 
 
-def _normalize_message(message: Any) -> dict[str, Any]:
-    normalized: dict[str, Any] = {"role": message.role, "content": _normalize_content(message.content)}
-    if message.name is not None:
-        normalized["name"] = message.name
-    if message.tool_calls is not None:
-        normalized["tool_calls"] = message.tool_calls
-    if message.tool_call_id is not None:
-        normalized["tool_call_id"] = message.tool_call_id
+def _normalize_message(message: dict[str, Any]) -> dict[str, Any]:
+    """Every field of a message as sent (name, tool_calls, refusal, audio, ...), its content normalised."""
+    normalized = {name: value for name, value in message.items() if value is not None}
+    normalized["content"] = _normalize_content(message.get("content"))
     return normalized
 
 
 def text_of(content: str | list[ContentPart] | None) -> str | None:
-    """The plain text of a message, or ``None`` when it has non-text parts."""
+    """The plain text of a message, or ``None`` when it has non-text parts (images, audio, files)."""
     if content is None or isinstance(content, str):
         return content
     if any(part.type != "text" or part.text is None for part in content):
@@ -245,6 +260,8 @@ class CanonicalRequest(msgspec.Struct, frozen=True, kw_only=True):
 
     Attributes:
         tenant: The tenant the request belongs to.
+        user: The user the answer belongs to in a category of ``scope: user``; ``None`` in a
+            category whose answers the tenant's users share.
         category: The content category: its TTL bounds the age of any answer served for it,
             so an answer stored under a long-lived category must not serve a short-lived one.
         model: The requested model.
@@ -258,6 +275,7 @@ class CanonicalRequest(msgspec.Struct, frozen=True, kw_only=True):
     """
 
     tenant: str
+    user: str | None = None
     category: str
     model: str
     params: dict[str, Any]
@@ -274,11 +292,12 @@ class CanonicalRequest(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def scope_digest(self) -> str:
         """sha256 of everything but the last question: what a semantic match must share."""
-        return _digest([self.tenant, self.category, self.model, self.params, self.system, self.history])
+        return _digest([self.tenant, self.user, self.category, self.model, self.params, self.system, self.history])
 
 
 def canonicalize(
-    request: ChatCompletionRequest, raw: dict[str, Any], *, tenant: str, category: str, max_tokens: int | None
+    request: ChatCompletionRequest, raw: dict[str, Any], *, tenant: str, category: str, max_tokens: int | None,
+    user: str | None = None,
 ) -> CanonicalRequest:
     """Build the canonical form of a validated request.
 
@@ -288,6 +307,7 @@ def canonicalize(
         tenant: The tenant the request is served for.
         category: The content category's name.
         max_tokens: The client's ``max_tokens`` after the cap, or ``None`` when it sent none.
+        user: The user of a user-scoped category, ``None`` in a shared one.
 
     Returns:
         The canonical request; equal for requests that must share a cache entry.
@@ -297,7 +317,9 @@ def canonicalize(
         if name in NON_OUTPUT_FIELDS or name in _STRUCTURAL_FIELDS or value is None:
             continue
         params[name] = float(value) if name in _FLOAT_FIELDS and isinstance(value, int) else value
-    messages = [_normalize_message(m) for m in request.messages]
+    # From the body as sent: the validated view declares only what Strata reads, and every part
+    # and field of a message can change the answer.
+    messages = [_normalize_message(m) for m in raw["messages"]]
     # The leading system/developer messages form the (shared, prefix-cached) system prompt;
     # everything after them, in order, is the conversation so far.
     leading = 0
@@ -306,11 +328,14 @@ def canonicalize(
     system, history = messages[:leading], messages[leading:-1]
     last_message = request.messages[-1]
     question = None
-    if last_message.role == "user":
+    # The semantic layer compares texts: a conversation with an image, audio or a file anywhere
+    # is served only by its exact key.
+    if last_message.role == "user" and all(text_of(m.content) is not None for m in request.messages):
         text = text_of(last_message.content)
         question = normalize_text(text) if text is not None else None
     return CanonicalRequest(
         tenant=tenant,
+        user=user,
         category=category,
         model=request.model,
         params=params,

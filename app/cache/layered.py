@@ -33,6 +33,10 @@ class CacheMode(StrEnum):
     USE = "use"  # look up; store a complete answer
     REFRESH = "refresh"  # Cache-Control: no-cache: skip the lookup, store the fresh answer
     SKIP = "skip"  # Cache-Control: no-store: neither
+    # Cache-Control: no-cache from a client that may not rewrite what others are served: the
+    # lookup is skipped and the entry left alone.
+    REFRESH_DENIED = "refresh_denied"
+    NO_USER = "no_user"  # a per-user category (scope: user) without an identity: never cached
     UNCACHEABLE = "uncacheable"  # several choices (n > 1) cannot be replayed as one
     UNAVAILABLE = "unavailable"  # Redis failed (version unreadable, lookup failed): bypass
 
@@ -230,7 +234,9 @@ class LayeredCache:
             return
         query = plan.query
         reasons = {c.get("finish_reason") for c in completion.get("choices") or []}
-        complete = reasons == {"stop"}
+        # A call of tools is a complete answer too (the exact layer keeps it; the semantic layer
+        # only where the category allows, app/cache/semantic.py).
+        complete = bool(reasons) and reasons <= {"stop", "tool_calls"}
         # Cut by the client's own max_tokens (it is in the key): the exact layer may keep it.
         truncated = (not complete and reasons <= {"stop", "length"} and query.category.cache_truncated
                      and query.canonical.params.get("max_tokens") is not None)

@@ -3,8 +3,9 @@
 Every miss is answered by the model anyway, so the answer the nearest cached question *would*
 have served can be compared with the fresh one, for free. That comparison is an observation:
 the candidate's decision score and whether the two answers are equivalent. Observations are
-counted atomically in Redis, on the candidate's document and pooled per category, so every
-worker and every Strata instance learns together (``redis-cli HGETALL strata:v1:obs:faq``).
+counted atomically in Redis, on the candidate's document and pooled per category and tenant, so
+every worker and every Strata instance learns together (``redis-cli HGETALL strata:v1:obs:faq:<tenant>``),
+and one tenant's traffic never moves what another tenant is served.
 
 The decision (:func:`within_bound`): a candidate with score ``x`` is served when, among the
 category's observations with a score of at least ``x`` (the hits a threshold at ``x`` would
@@ -78,11 +79,11 @@ POOLED_TTL_S = 30 * 86400
 POOLED_REFRESH_S = 1.0
 
 # Counts one observation on the document (only if it still exists: a miss must never create a
-# key without TTL) and in the category's pool; a wrong one also raises the highest wrong
-# similarity of the document and of its entry (so every alias of the entry is vetoed there).
-# An equivalent one also counts on the entry's own record (``confirmed:<bin>``).
-# KEYS: document, pool, entry. ARGV: field, wrong (0/1), similarity x1000, explored field or "",
-# pool TTL, entry record field.
+# key without TTL), in the tenant's pool of the category and in the category's figures; a wrong one
+# also raises the highest wrong similarity of the document and of its entry (so every alias of the
+# entry is vetoed there). An equivalent one also counts on the entry's own record (``confirmed:<bin>``).
+# KEYS: document, category figures, entry, tenant pool. ARGV: field, wrong (0/1), similarity x1000,
+# explored field or "", pool TTL, entry record field.
 _OBSERVE = f"""
 local function raise_wrong(key)
   if redis.call('EXISTS', key) == 0 then return end
@@ -96,9 +97,11 @@ if ARGV[2] == '1' then
 elseif redis.call('EXISTS', KEYS[3]) == 1 then
   redis.call('HINCRBY', KEYS[3], ARGV[6], 1)
 end
-redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
-if ARGV[4] ~= '' then redis.call('HINCRBY', KEYS[2], ARGV[4], 1) end
-redis.call('EXPIRE', KEYS[2], ARGV[5])
+for _, pool in ipairs({{KEYS[2], KEYS[4]}}) do
+  redis.call('HINCRBY', pool, ARGV[1], 1)
+  if ARGV[4] ~= '' then redis.call('HINCRBY', pool, ARGV[4], 1) end
+  redis.call('EXPIRE', pool, ARGV[5])
+end
 return 1
 """
 
@@ -219,7 +222,7 @@ class PooledCounts:
 
 
 class PooledObservations:
-    """Reads pooled counts per (version, category), reusing them for ``POOLED_REFRESH_S``.
+    """Reads pooled counts per (version, category, tenant), reusing them for ``POOLED_REFRESH_S``.
 
     Args:
         redis: The Redis of the keyspace.
@@ -237,13 +240,16 @@ class PooledObservations:
         self._refresh_s = refresh_s
         self._cache: dict[str, tuple[float, PooledCounts]] = {}
 
-    async def counts(self, tag: str, category: str) -> PooledCounts:
-        key = self._keys.observations_key(tag, category)
+    async def counts(self, tag: str, category: str, tenant: str | None = None) -> PooledCounts:
+        """A tenant's pooled counts in a category (what its decisions read), or every tenant's
+        together with ``tenant=None`` (the category's live figures)."""
+        key = self._keys.observations_key(tag, category, tenant)
         now = time.monotonic()
         cached = self._cache.get(key)
         if cached is not None and now - cached[0] < self._refresh_s:
             return cached[1]
-        raws = await asyncio.gather(*(redis.hgetall(keys.observations_key(tag, category)) for redis, keys in self._sources))
+        raws = await asyncio.gather(*(redis.hgetall(keys.observations_key(tag, category, tenant))
+                                      for redis, keys in self._sources))
         fields: Counter[str] = Counter()
         for raw in raws:
             fields.update({k.decode() if isinstance(k, bytes) else k: int(v) for k, v in raw.items()})
@@ -251,8 +257,8 @@ class PooledObservations:
         self._cache[key] = (now, counts)
         return counts
 
-    def forget(self, tag: str, category: str) -> None:
-        self._cache.pop(self._keys.observations_key(tag, category), None)
+    def forget(self, tag: str, category: str, tenant: str | None = None) -> None:
+        self._cache.pop(self._keys.observations_key(tag, category, tenant), None)
 
 
 def within_bound(counts: PooledCounts, bin_: int, policy: SemanticPolicy, *, prior: bool = False) -> bool:
@@ -419,7 +425,8 @@ class AnswerLearner:
             field = observation_field(OBS_OK if same else OBS_WRONG, candidate.score_bin)
             explored = (OBS_EXPLORED_OK if same else OBS_EXPLORED_WRONG) if candidate.explored else ""
             await self._observe(
-                keys=[candidate.key, self._keys.observations_key(query.version, query.category.name), candidate.root],
+                keys=[candidate.key, self._keys.observations_key(query.version, query.category.name), candidate.root,
+                      self._keys.observations_key(query.version, query.category.name, query.canonical.tenant)],
                 args=[field, "0" if same else "1", round(candidate.similarity * 1000), explored, POOLED_TTL_S,
                       observation_field(OBS_CONFIRMED, candidate.score_bin)],
             )

@@ -58,6 +58,7 @@ from app.cache.learning import (
 from app.cache.verify import CandidateCheck, ThresholdVerifier
 from app.embed import Embedder
 from app.policy import SemanticPolicy
+from app.wire import decode_completion
 
 logger = logging.getLogger("strata.semantic")
 
@@ -103,8 +104,10 @@ class SemanticCache:
         self._explore = random.Random(0)
         self._indexes: dict[str, AsyncSearchIndex] = {}
         self._index_lock = asyncio.Lock()
-        # Recent question embeddings: the write-back after a miss reuses the lookup's vector.
-        self._memo: OrderedDict[str, np.ndarray] = OrderedDict()
+        # Recent question embeddings: the write-back after a miss reuses the lookup's vector. Keyed
+        # by tenant too: a memo shared by tenants would answer one tenant's lookup faster when
+        # another had asked the same question, telling it what the other asks.
+        self._memo: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
         self._memo_size = memo_size
 
     @property
@@ -137,21 +140,22 @@ class SemanticCache:
     def forget_index(self, tag: str) -> None:
         self._indexes.pop(tag, None)
 
-    async def vector(self, question: str) -> np.ndarray:
-        """The question's embedding (memoised).
+    async def vector(self, question: str, tenant: str) -> np.ndarray:
+        """The question's embedding (memoised per tenant).
 
         Raises:
             EmbeddingFailed: The model failed; the pipeline treats it as a cache failure.
         """
-        cached = self._memo.get(question)
+        memo_key = (tenant, question)
+        cached = self._memo.get(memo_key)
         if cached is not None:
-            self._memo.move_to_end(question)
+            self._memo.move_to_end(memo_key)
             return cached
         try:
             vector = (await self._embedder.embed([question]))[0]
         except Exception as exc:  # any model failure becomes a cache failure, never a 500
             raise EmbeddingFailed(f"{self._embedder.name}: {exc!r}") from exc
-        self._memo[question] = vector
+        self._memo[memo_key] = vector
         if len(self._memo) > self._memo_size:
             self._memo.popitem(last=False)
         return vector
@@ -187,7 +191,7 @@ class SemanticCache:
         question, policy = query.canonical.question, query.category.semantic
         if question is None or not policy.enabled:
             return None
-        vector = await self.vector(question)
+        vector = await self.vector(question, query.canonical.tenant)
         if policy.adaptive:
             return await self._adaptive(query, question, await self.candidates(query, vector, ADAPTIVE_CANDIDATES))
         for key, similarity, row in await self.candidates(query, vector):
@@ -227,7 +231,8 @@ class SemanticCache:
             # refute it (the category's prior); below it, they must show it is safe.
             prior = similarity >= policy.accept_above
             within = not wrong_before and within_bound(
-                await self.pooled.counts(query.version, query.category.name), bin_, policy, prior=prior
+                await self.pooled.counts(query.version, query.category.name, query.canonical.tenant), bin_, policy,
+                prior=prior
             )
             entry = False
             if within and root != key:
@@ -306,13 +311,26 @@ class SemanticCache:
         canonical, policy = query.canonical, query.category.semantic
         if canonical.question is None or not policy.enabled:
             return
+        if not policy.tool_calls and calls_tools(completion):
+            return  # an action is served only to the request it was made for (the exact layer)
         await self.index(query.version)
-        vector = await self.vector(canonical.question)
+        vector = await self.vector(canonical.question, canonical.tenant)
         key = self.keys.semantic_prefix(query.version) + query.entry_digest
         entry = CacheEntry.for_query(
             query, completion, scope=query.scope_digest, embedding=vector.astype(np.float32).tobytes(), root=key
         )
         await self._writer.write(key, entry, query)
+
+
+def calls_tools(completion: bytes) -> bool:
+    """Whether a stored answer calls tools (``tool_calls`` or the legacy ``function_call``)."""
+    if b"tool_calls" not in completion and b"function_call" not in completion:
+        return False  # the common case, without decoding
+    decoded = decode_completion(completion)
+    if decoded is None:
+        return True  # not ours to judge: keep it out of the semantic layer
+    return any((choice.get("message") or {}).get("tool_calls") or (choice.get("message") or {}).get("function_call")
+               for choice in decoded.get("choices") or [])
 
 
 def _neighbours(root: str, row: dict[str, Any], rows: list[tuple[str, float, dict[str, Any]]], floor: float) -> tuple[Neighbour, ...]:

@@ -3,9 +3,12 @@
 Raw cosine similarity cannot tell "怎么退款" from "怎么开发票" reliably, so a candidate that
 passed the category's threshold goes through two more stages:
 
-1. Guards, cheap and always on: different numbers (amounts, dates, order ids), a negation on one
-   side only, opposite operations (开通/关闭, enable/disable), different named products or topics
-   (花呗/借呗, 退款/发票). Any of them rejects. Lexicons live in ``schemas/verification.yaml``.
+1. Guards, cheap and always on, in every band: different numbers (amounts, dates, order ids);
+   different ids, codes, e-mail addresses, weekdays and dates, or named entities; the same values
+   in another order or role ("from account 5 to account 9" / "from 9 to 5", "从5号账户到9号账户" /
+   "从9号账户到5号账户", "c3 n9" / "c9 n3"); a negation on one side only; opposite operations
+   (开通/关闭, enable/disable); different named products or topics (花呗/借呗, 退款/发票). Any of them
+   rejects. Lexicons live in ``schemas/verification.yaml``.
 2. In the borderline band (threshold <= similarity < accept_above), a learned verifier on pair
    features must give a probability of at least the category's ``min_probability``. It is a
    gradient-boosted tree ensemble trained by ``make train-verifier`` and stored as JSON
@@ -21,6 +24,7 @@ The service and ``strata calibrate`` both decide through :class:`CandidateCheck`
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import math
 import re
@@ -41,6 +45,8 @@ from app.settings import Settings
 # Reasons, as they appear in metrics and the X-Cache-Verdict header.
 BELOW_THRESHOLD = "below_threshold"
 NUMBERS_DIFFER = "numbers_differ"
+VALUES_DIFFER = "values_differ"
+ORDER_DIFFERS = "order_differs"
 NEGATION_DIFFERS = "negation_differs"
 OPPOSITE_OPERATIONS = "opposite_operations"
 ENTITIES_DIFFER = "entities_differ"
@@ -55,6 +61,36 @@ ENTRY_RECORD = "entry_record"
 
 _TOKEN = re.compile(r"[a-z0-9]+(?:'[a-z]+)?|[\u3400-\u9fff]")
 _NUMBER = re.compile(r"\d+(?:\.\d+)?|[零一二两三四五六七八九十百千万亿]+(?=[个元块号日月年天次期笔张位岁%])")
+# Values a question is about, in the order written: e-mail addresses, ids and codes (letters with
+# digits: "ab12cd", "c3"), numbers (ASCII after the width fold; other decimal digits too).
+_VALUE = re.compile(
+    r"(?P<email>[\w.+-]+@[\w-]+(?:\.[\w-]+)+)"
+    r"|(?P<id>\b(?=[a-z0-9]*\d)(?=[a-z0-9]*[a-z])[a-z0-9]+(?:[-_][a-z0-9]+)*\b)"
+    r"|(?P<number>\d+(?:[.,]\d+)*|[零一二两三四五六七八九十百千万亿]+(?=[个元块号日月年天次期笔张位岁%]))"
+)
+# Words that are values too: weekdays, months and relative days name a date.
+_DATE_WORDS = frozenset(
+    "monday tuesday wednesday thursday friday saturday sunday january february march april may june july august "
+    "september october november december today tomorrow yesterday tonight weekend".split()
+)
+_CN_DATE = re.compile(r"(?:周|星期|礼拜)[一二三四五六日天]|今天|明天|昨天|后天|前天|今晚|周末")
+# Markers that give the value after them a role; synonyms share the role's name.
+_ROLE_WORDS = {
+    "from": "source", "to": "target", "into": "target", "onto": "target", "toward": "target", "towards": "target",
+    "by": "by", "per": "per", "than": "than", "via": "via", "through": "via", "vs": "versus", "versus": "versus",
+    "minus": "minus", "plus": "plus", "times": "times", "over": "over", "under": "under", "until": "until",
+    "till": "until", "since": "since", "between": "between",
+}
+_CN_ROLES = re.compile(r"(?P<source>从|由|自)|(?P<target>到|至|向|往|转给|转入到|换成|兑换成|换为|改为|改成)"
+                       r"|(?P<by>除以)|(?P<times>乘以)|(?P<than>比)")
+# A role holds the first value at most this many tokens (English) or characters (Chinese) after
+# its marker, within one clause.
+_ROLE_REACH_WORDS = 3
+_ROLE_REACH_CHARS = 4
+_CLAUSE_BREAK = re.compile(r"[,.;:!?，。；：！？、\n]")
+_CAPITALISED = re.compile(r"(?<![.!?]\s)(?<!^)\b[A-Z][a-z]+(?:[A-Z][a-z]+)*\b")
+# Profiles kept per analyzer (a few hundred bytes each).
+PROFILE_MEMO = 8192
 _CN_DIGITS = {"零": 0, "一": 1, "二": 2, "两": 2, "三": 3, "四": 4, "五": 5, "六": 6, "七": 7, "八": 8, "九": 9}
 
 
@@ -88,6 +124,13 @@ class _Terms:
         others = sorted((t for t in lowered if not t.isascii()), key=len, reverse=True)
         self._other = re.compile("|".join(re.escape(t) for t in others)) if others else None
 
+    def spans(self, text: str) -> list[tuple[int, int, str]]:
+        """Where the terms stand in the text: (start, end, term), Latin terms as whole words."""
+        found = [(m.start(), m.end(), m.group()) for m in _WORD.finditer(text) if m.group() in self._latin]
+        if self._other is not None:
+            found += [(m.start(), m.end(), m.group()) for m in self._other.finditer(text)]
+        return found
+
     def find(self, text: str, words: Sequence[str]) -> list[str]:
         found = [w for w in words if w in self._latin]
         found += [f"{a} {b}" for a, b in itertools.pairwise(words) if f"{a} {b}" in self._latin]
@@ -114,11 +157,15 @@ class Signals(msgspec.Struct, frozen=True):
     negation_differs: bool
     opposite_operations: bool
     entities_differ: bool
+    values_differ: bool = False
+    order_differs: bool = False
 
     @property
     def rejection(self) -> str | None:
         for reason, found in (
             (NUMBERS_DIFFER, self.numbers_differ),
+            (VALUES_DIFFER, self.values_differ),
+            (ORDER_DIFFERS, self.order_differs),
             (NEGATION_DIFFERS, self.negation_differs),
             (OPPOSITE_OPERATIONS, self.opposite_operations),
             (ENTITIES_DIFFER, self.entities_differ),
@@ -128,11 +175,22 @@ class Signals(msgspec.Struct, frozen=True):
         return None
 
 
+class Slot(msgspec.Struct, frozen=True, array_like=True):
+    """One value a question names, where it stands: its role ("source" after from/从, "target"
+    after to/到, ..., "" for none) and the value as compared ("5", "ab12cd", "alice@x.org")."""
+
+    role: str
+    value: str
+
+
 class Profile(msgspec.Struct, frozen=True):
     """Everything the guards and features need from one question, computed once."""
 
     text: str
     numbers: list[str]
+    slots: tuple[Slot, ...]
+    named: frozenset[str]
+    fillers: tuple[tuple[str, str], ...]
     negations: int
     operations: frozenset[str]
     entities: frozenset[int]
@@ -157,14 +215,22 @@ class PairAnalyzer:
                 self._entity_of[name.lower()] = group_id
         self._entities = _Terms(list(self._entity_of))
         self._function_words = {w.lower() for w in lexicon.function_words}
+        # A lookup profiles the asked question once per candidate, and cached questions come back
+        # request after request: profiles are frozen, so recent ones are kept (per worker).
+        self.profile = functools.lru_cache(maxsize=PROFILE_MEMO)(self._profile)
 
-    def profile(self, question: str) -> Profile:
-        text = normalize_text(question).lower()
+    def _profile(self, question: str) -> Profile:
+        written = normalize_text(question)
+        text = written.lower()
         compact = text.replace(" ", "")
         words = _WORD.findall(text)
+        slots, fillers = self._slots(text)
         return Profile(
             text=text,
             numbers=sorted(_chinese_number(n) for n in _NUMBER.findall(text)),
+            slots=slots,
+            named=frozenset(m.lower() for m in _CAPITALISED.findall(written) if m != "I"),
+            fillers=fillers,
             negations=len(self._negation.find(text, words)),
             operations=frozenset(self._operations.find(text, words)),
             entities=frozenset(self._entity_of[m] for m in self._entities.find(text, words)),
@@ -173,6 +239,52 @@ class PairAnalyzer:
             bigram_sequence=tuple(compact[i : i + 2] for i in range(len(compact) - 1)),
         )
 
+    def _slots(self, text: str) -> tuple[tuple[Slot, ...], tuple[tuple[str, str], ...]]:
+        """The values of a question in order, each with the role of the marker before it, and the
+        first content word (English) or two characters (Chinese) after each marker, to tell
+        "from paris to lyon" from "from lyon to paris", which name no value."""
+        found: list[tuple[int, int, str]] = [
+            (m.start(), m.end(), _chinese_number(m.group()) if m.lastgroup == "number" else m.group())
+            for m in _VALUE.finditer(text)
+        ]
+        found += [(m.start(), m.end(), m.group()) for m in _WORD.finditer(text) if m.group() in _DATE_WORDS]
+        found += [(m.start(), m.end(), m.group()) for m in _CN_DATE.finditer(text)]
+        found += [(start, end, f"#{self._entity_of[name]}") for start, end, name in self._entities.spans(text)]
+        # A value inside a longer one ("3" of "c3", the digits of an e-mail address) is part of it.
+        found = sorted(v for v in found if not any(o[0] <= v[0] and v[1] <= o[1] and o[1] - o[0] > v[1] - v[0]
+                                                  for o in found))
+        tokens = list(_WORD.finditer(text))
+        markers: list[tuple[int, int, str, bool]] = []  # (start, end, role, English word)
+        fillers: list[tuple[str, str]] = []
+        for index, match in enumerate(tokens):
+            role = _ROLE_WORDS.get(match.group())
+            if role is None:
+                continue
+            markers.append((match.start(), match.end(), role, True))
+            following = next((t.group() for t in tokens[index + 1 : index + 1 + _ROLE_REACH_WORDS]
+                              if t.group() not in self._function_words and t.group() not in _ROLE_WORDS), None)
+            if following is not None:
+                fillers.append((role, following))
+        for match in _CN_ROLES.finditer(text):
+            markers.append((match.start(), match.end(), match.lastgroup or "", False))
+            following = text[match.end() : match.end() + 2]
+            if len(following) == 2 and all("\u3400" <= c <= "\u9fff" for c in following):
+                fillers.append((match.lastgroup or "", following))
+        markers.sort()
+        breaks = [m.start() for m in _CLAUSE_BREAK.finditer(text)]
+        roles = [""] * len(found)
+        for index, (_, m_end, role, english) in enumerate(markers):
+            # The marker's reach: up to the next marker or clause break, a few words or characters.
+            limit = min([b for b in breaks if b >= m_end] + [m[0] for m in markers[index + 1 :]] + [len(text)])
+            reach = [i for i, (v_start, _, _) in enumerate(found) if m_end <= v_start < limit and not roles[i]
+                     and (len(_WORD.findall(text[m_end:v_start])) if english else len(text[m_end:v_start].strip()))
+                     <= (_ROLE_REACH_WORDS if english else _ROLE_REACH_CHARS)]
+            # "from account 5": the number is what the role is about, not the word "account".
+            specific = [i for i in reach if not found[i][2].startswith("#")]
+            if specific or reach:
+                roles[(specific or reach)[0]] = role
+        return tuple(Slot(role, value) for role, (_, _, value) in zip(roles, found, strict=True)), tuple(fillers)
+
     def compare(self, asked: Profile, cached: Profile) -> Signals:
         # An operation on one side whose opposite is on the other side only.
         opposite = any(
@@ -180,11 +292,20 @@ class PairAnalyzer:
             for word in asked.operations
             for other in self._opposite_of[word]
         )
+        numbers_differ = asked.numbers != cached.numbers
+        # Named products and topics (``#<group>``) have their own guard, entities_differ.
+        values_differ = not numbers_differ and (
+            sorted(s.value for s in asked.slots if s.value[0] != "#")
+            != sorted(s.value for s in cached.slots if s.value[0] != "#")
+            or _names_differ(asked, cached)
+        )
         return Signals(
-            numbers_differ=asked.numbers != cached.numbers,
+            numbers_differ=numbers_differ,
             negation_differs=(asked.negations - cached.negations) % 2 == 1,
             opposite_operations=opposite,
             entities_differ=asked.entities != cached.entities,
+            values_differ=values_differ,
+            order_differs=not numbers_differ and not values_differ and _order_differs(asked, cached),
         )
 
     def signals(self, asked: str, cached: str) -> Signals:
@@ -214,6 +335,40 @@ class PairAnalyzer:
         values += [float(signals.numbers_differ), float(signals.negation_differs),
                    float(signals.opposite_operations), float(signals.entities_differ)]
         return values
+
+
+def _names_differ(a: Profile, b: Profile) -> bool:
+    """Each side names something (a capitalised name mid-sentence: "Lyon", "Paris") that the
+    other does not mention at all: two named things, not one named and one left implicit."""
+    only_a = {n for n in a.named if n not in b.tokens}
+    only_b = {n for n in b.named if n not in a.tokens}
+    return bool(only_a and only_b)
+
+
+def _order_differs(a: Profile, b: Profile) -> bool:
+    """The same values in other roles or another order: values with a role (from/to, 从/到, by,
+    than, ...) must hold the same roles, values without one must come in the same order; and the
+    words after two markers must not have swapped ("from paris to lyon" / "from lyon to paris").
+    Judged only between the same values: different ones are the other guards' to name."""
+    if sorted(s.value for s in a.slots) == sorted(s.value for s in b.slots):
+        return _slots_moved(a, b) or _fillers_swapped(a, b)
+    return _fillers_swapped(a, b)
+
+
+def _slots_moved(a: Profile, b: Profile) -> bool:
+    roled_a = sorted((s.role, s.value) for s in a.slots if s.role)
+    roled_b = sorted((s.role, s.value) for s in b.slots if s.role)
+    if roled_a != roled_b:
+        return True
+    return [s.value for s in a.slots if not s.role] != [s.value for s in b.slots if not s.role]
+
+
+def _fillers_swapped(a: Profile, b: Profile) -> bool:
+    filled_a, filled_b = dict(a.fillers), dict(b.fillers)
+    return any(
+        filled_a[role] != filled_b[role] and filled_a[role] in b.text and filled_b[role] in a.text
+        for role in filled_a.keys() & filled_b.keys()
+    )
 
 
 def _ordered_overlap(a: tuple[str, ...], b: tuple[str, ...]) -> float:

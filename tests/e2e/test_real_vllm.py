@@ -9,13 +9,15 @@ import redis
 from tests.support import scan
 
 pytestmark = pytest.mark.e2e
+# The shipped default category, business, keeps each user's answers to that user: requests name one.
+E2E_USER = {"X-Cache-User": "e2e-user"}
 
 
 def test_miss_returns_the_model_answer_and_the_repeat_is_an_exact_hit(
     strata_e2e: str, vllm: tuple[str, str], redis_sync: redis.Redis
 ) -> None:
     _, model = vllm
-    sdk = openai.OpenAI(base_url=strata_e2e + "/v1", api_key="unused", max_retries=0)
+    sdk = openai.OpenAI(base_url=strata_e2e + "/v1", api_key="unused", max_retries=0, default_headers=E2E_USER)
     question = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
     first = sdk.chat.completions.with_raw_response.create(model=model, messages=question, temperature=0)
     second = sdk.chat.completions.with_raw_response.create(model=model, messages=question, temperature=0)
@@ -31,7 +33,7 @@ def test_miss_returns_the_model_answer_and_the_repeat_is_an_exact_hit(
 
 def test_streaming_through_the_sdk_miss_then_hit(strata_e2e: str, vllm: tuple[str, str], redis_sync: redis.Redis) -> None:
     _, model = vllm
-    sdk = openai.OpenAI(base_url=strata_e2e + "/v1", api_key="unused", max_retries=0)
+    sdk = openai.OpenAI(base_url=strata_e2e + "/v1", api_key="unused", max_retries=0, default_headers=E2E_USER)
     texts, caches = [], []
     for _ in range(2):
         with sdk.chat.completions.with_streaming_response.create(
@@ -47,7 +49,7 @@ def test_streaming_through_the_sdk_miss_then_hit(strata_e2e: str, vllm: tuple[st
 def test_answers_cut_by_the_clients_limit_are_exact_hits_and_cut_defaults_are_not_cached(
         strata_e2e: str, vllm: tuple[str, str], redis_sync: redis.Redis) -> None:
     _, model = vllm
-    sdk = openai.OpenAI(base_url=strata_e2e + "/v1", api_key="unused", max_retries=0)
+    sdk = openai.OpenAI(base_url=strata_e2e + "/v1", api_key="unused", max_retries=0, default_headers=E2E_USER)
     question = [{"role": "user", "content": "Write a long story about a dragon."}]
     named, unnamed = [], []
     for _ in range(2):
@@ -64,7 +66,7 @@ def test_answers_cut_by_the_clients_limit_are_exact_hits_and_cut_defaults_are_no
 
 
 def test_models_list_passes_through(strata_e2e: str, vllm: tuple[str, str]) -> None:
-    sdk = openai.OpenAI(base_url=strata_e2e + "/v1", api_key="unused", max_retries=0)
+    sdk = openai.OpenAI(base_url=strata_e2e + "/v1", api_key="unused", max_retries=0, default_headers=E2E_USER)
     assert vllm[1] in [m.id for m in sdk.models.list()]
 
 
@@ -73,7 +75,7 @@ def test_a_stable_system_prompt_is_served_from_vllms_prefix_cache(strata_e2e: st
     import httpx
 
     _, model = vllm
-    sdk = openai.OpenAI(base_url=strata_e2e + "/v1", api_key="unused", max_retries=0)
+    sdk = openai.OpenAI(base_url=strata_e2e + "/v1", api_key="unused", max_retries=0, default_headers=E2E_USER)
     system = " ".join(f"Rule {i}: answer politely and briefly." for i in range(40))  # well over 32 tokens
     before = httpx.get(strata_e2e + "/health").json()["upstream"]["prefix_cache"]
     for question in ("What is two plus two?", "What colour is the sky?"):
@@ -87,7 +89,7 @@ def test_a_stable_system_prompt_is_served_from_vllms_prefix_cache(strata_e2e: st
 def test_legacy_completions_embeddings_and_pass_through_with_the_real_model(
         strata_e2e: str, vllm: tuple[str, str]) -> None:
     _, model = vllm
-    sdk = openai.OpenAI(base_url=strata_e2e + "/v1", api_key="unused", max_retries=0)
+    sdk = openai.OpenAI(base_url=strata_e2e + "/v1", api_key="unused", max_retries=0, default_headers=E2E_USER)
     prompts = []
     for _ in range(2):
         response = sdk.completions.with_raw_response.create(model=model, prompt="The capital of France is",

@@ -67,15 +67,20 @@ def test_unknown_fields_pass_through_and_max_tokens_is_capped(client: httpx.Clie
     assert sent[2]["max_tokens"] == 10 and "max_completion_tokens" not in sent[2]
 
 
-def test_no_cache_skips_lookup_but_stores_and_no_store_does_neither(
+def test_no_cache_skips_lookup_and_stores_only_for_an_operator_and_no_store_does_neither(
     client: httpx.Client, fake_upstream: FakeUpstream
 ) -> None:
     assert client.post("/v1/chat/completions", json=chat("q1"), headers={"Cache-Control": "no-store"}).headers["x-cache"] == "bypass"
     assert client.post("/v1/chat/completions", json=chat("q1")).headers["x-cache"] == "miss"  # nothing was stored
+    # A client's no-cache skips the lookup and leaves the shared entry alone (nothing stored).
     assert client.post("/v1/chat/completions", json=chat("q2"), headers={"Cache-Control": "no-cache"}).headers["x-cache"] == "bypass"
-    assert client.post("/v1/chat/completions", json=chat("q2")).headers["x-cache"] == "exact-hit"  # no-cache stored it
-    assert client.post("/v1/chat/completions", json=chat("q2"), headers={"Cache-Control": "no-cache"}).headers["x-cache"] == "bypass"
-    assert len(fake_upstream.calls) == 4
+    assert client.post("/v1/chat/completions", json=chat("q2")).headers["x-cache"] == "miss"
+    # An operator's no-cache (the admin token) rewrites it.
+    operator = {"Cache-Control": "no-cache", "X-Strata-Admin-Token": ADMIN_TOKEN}
+    assert client.post("/v1/chat/completions", json=chat("q3"), headers=operator).headers["x-cache"] == "bypass"
+    assert client.post("/v1/chat/completions", json=chat("q3")).headers["x-cache"] == "exact-hit"
+    assert client.post("/v1/chat/completions", json=chat("q3"), headers={"Cache-Control": "no-cache"}).headers["x-cache"] == "bypass"
+    assert len(fake_upstream.calls) == 6
 
 
 def test_entries_expire_with_their_category_ttl(

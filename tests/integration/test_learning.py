@@ -49,9 +49,9 @@ def eventually(check: Callable[[], Any], timeout: float = 5.0) -> Any:
         time.sleep(0.05)
 
 
-def pool_key(redis_sync: redis.Redis, category: str = "learn") -> str:
-    """The key of a category's pooled observations (the default tenant's bucket on a cluster)."""
-    return keyspace(redis_sync, "default", category).observations_key("v1", category)
+def pool_key(redis_sync: redis.Redis, category: str = "learn", tenant: str = "default") -> str:
+    """The key of a tenant's pooled observations in a category (its bucket on a cluster)."""
+    return keyspace(redis_sync, tenant, category).observations_key("v1", category, tenant)
 
 
 def pool_counts(redis_sync: redis.Redis, category: str = "learn") -> dict[str, int]:

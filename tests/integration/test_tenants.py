@@ -102,11 +102,13 @@ def test_the_keys_cli(tmp_path: Path) -> None:
     assert run("revoke", "nosuchid").returncode == 2
 
 
-TENANTS = st.text(alphabet=st.sampled_from(list("|*-{}@ \"'\\,.:;()[]<>~^$%&!?/=+#退款é\u3000")) | st.characters(), min_size=1, max_size=12)
+# Text as JSON can carry it: no lone surrogates (a client's JSON with one is refused at decoding).
+TENANTS = st.text(alphabet=st.sampled_from(list("|*-{}@ \"'\\,.:;()[]<>~^$%&!?/=+#退款é\u3000"))
+                  | st.characters(exclude_categories=("Cs",)), min_size=1, max_size=12)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(tenant_a=TENANTS, tenant_b=TENANTS, question=st.text(min_size=1, max_size=30))
+@given(tenant_a=TENANTS, tenant_b=TENANTS, question=st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=30))
 def test_the_exact_layer_never_crosses_tenants(redis_url: str, redis_sync: redis.Redis, tenant_a: str, tenant_b: str, question: str) -> None:
     if tenant_a == tenant_b or not question.strip():
         return

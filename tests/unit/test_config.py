@@ -52,12 +52,23 @@ def test_the_shipped_policy_has_the_three_categories() -> None:
     assert policy.get("nope") is None
 
 
+def test_the_shipped_policy_never_shares_personal_answers_across_users() -> None:
+    policy = Policy.load(PROJECT_ROOT / "schemas" / "policy.yaml")
+    # The default category is documented for account operations: each user's answers are their own.
+    assert policy.get(None).per_user
+    personal = policy.categories["personal"]
+    assert personal.per_user and not personal.semantic.enabled and personal.ttl_seconds <= 300
+    assert not policy.categories["faq"].per_user and not policy.categories["general"].per_user
+    assert not any(c.semantic.tool_calls for c in policy.categories.values())
+
+
 @pytest.mark.parametrize(("text", "message"), [
     ("default_category: a\ncategories: {}\n", "not defined"),
     ("default_category: a\ncategories:\n  a: {ttl_seconds: 0}\n", "ttl_seconds"),
     ("default_category: A\ncategories:\n  A: {ttl_seconds: 5}\n", "must match"),
     ("default_category: a\ncategories:\n  a: {ttl_seconds: 5, semantic: {threshold: 0.9, accept_above: 0.8}}\n", "accept_above"),
     ("default_category: a\ncategories:\n  a: {ttl_seconds: 5, typo: 1}\n", "typo"),
+    ("default_category: a\ncategories:\n  a: {ttl_seconds: 5, scope: users}\n", "scope"),
     ("::: not yaml", "policy file"),
 ])
 def test_bad_policy_files_are_rejected_with_the_reason(tmp_path: Path, text: str, message: str) -> None:

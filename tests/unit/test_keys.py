@@ -110,3 +110,66 @@ def test_every_key_of_a_bucket_carries_its_hash_tag() -> None:
         assert name.startswith("strata:{b7}:"), name
         assert name.index("{") < name.index("}") and name.count("{") == 1, name
     assert all("{" not in name for name in (KEYS.version_key, KEYS.exact_prefix("v3")))
+
+
+# Characters NFKC would fold into others that mean something else: each pair must stay two keys.
+LOOK_ALIKES = [
+    ("What is 2³?", "What is 23?"),
+    ("Simplify x²", "Simplify x2"),
+    ("What is ½ of 10?", "What is 1⁄2 of 10?"),
+    ("Step ① first", "Step 1 first"),
+    ("Chapter Ⅻ", "Chapter XII"),
+    ("Price per ㎏", "Price per kg"),
+    ("H₂O formula", "H2O formula"),
+    ("ﬁle a claim", "file a claim"),
+]
+
+
+def test_the_exact_key_never_merges_look_alike_characters() -> None:
+    for one, other in LOOK_ALIKES:
+        assert canon(body(one)).exact_digest != canon(body(other)).exact_digest, (one, other)
+        assert canon(body(one)).question != canon(body(other)).question
+
+
+def test_the_exact_key_folds_only_what_cannot_change_meaning() -> None:
+    # Full-width ASCII (a CJK keyboard's) and the ideographic space; NFC joins combining accents.
+    assert canon(body("ＡＢＣ１２３？")).exact_digest == canon(body("ABC123?")).exact_digest
+    assert canon(body("退款\u3000怎么办")).exact_digest == canon(body("退款 怎么办")).exact_digest
+    assert canon(body("cafe\u0301")).exact_digest == canon(body("café")).exact_digest
+    # Inner whitespace is kept: in code it is meaning.
+    assert canon(body("if x:\n    y")).exact_digest != canon(body("if x:\n  y")).exact_digest
+
+
+def parts(*extra: dict[str, Any]) -> dict[str, Any]:
+    return {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "What is this?"}, *extra]}]}
+
+
+def test_every_content_part_is_in_the_key() -> None:
+    image = {"type": "image_url", "image_url": {"url": "https://example.org/a.png"}}
+    variants = [
+        parts(image),
+        parts({"type": "image_url", "image_url": {"url": "https://example.org/b.png"}}),
+        parts({"type": "image_url", "image_url": {"url": "https://example.org/a.png", "detail": "high"}}),
+        parts({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}),
+        parts({"type": "input_audio", "input_audio": {"data": "BBBB", "format": "wav"}}),
+        parts({"type": "file", "file": {"file_id": "file-1"}}),
+        parts({"type": "file", "file": {"file_id": "file-2"}}),
+        parts({"type": "video_url", "video_url": {"url": "https://example.org/v.mp4"}}),  # unknown: as it is
+        parts(),
+    ]
+    digests = [canon(v).exact_digest for v in variants]
+    assert len(set(digests)) == len(variants)
+    assert canon(parts(image)).exact_digest == canon(parts(dict(image))).exact_digest
+    # A conversation with anything but text is never a semantic question, wherever the part is.
+    assert all(canon(v).question is None for v in variants[:-1]) and canon(variants[-1]).question == "What is this?"
+    earlier = {"model": "m", "messages": [parts(image)["messages"][0], {"role": "assistant", "content": "A cat."},
+                                          {"role": "user", "content": "And its colour?"}]}
+    assert canon(earlier).question is None
+
+
+def test_the_user_of_a_per_user_category_is_in_every_key_and_scope() -> None:
+    request = msgspec.convert(body("What is my balance?"), ChatCompletionRequest)
+    one, two, shared = (canonicalize(request, body("What is my balance?"), tenant="t", category="mine",
+                                     max_tokens=None, user=user) for user in ("u1", "u2", None))
+    assert len({one.exact_digest, two.exact_digest, shared.exact_digest}) == 3
+    assert len({one.scope_digest, two.scope_digest, shared.scope_digest}) == 3

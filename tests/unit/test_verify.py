@@ -13,6 +13,8 @@ from app.cache.verify import (
     NEGATION_DIFFERS,
     NUMBERS_DIFFER,
     OPPOSITE_OPERATIONS,
+    ORDER_DIFFERS,
+    VALUES_DIFFER,
     VERIFIED,
     VERIFIER_REJECTED,
     Lexicon,
@@ -117,3 +119,66 @@ def test_bad_lexicons_and_artifacts_are_rejected(tmp_path) -> None:
     broken.write_text('{"features": ["cosine"]}')
     with pytest.raises(ValueError, match="verifier artifact"):
         VerifierArtifact.load(broken)
+
+
+# The same values in another order or role, in English and Chinese: each a different question.
+SWAPPED = [
+    ("Transfer 300 dollars from account 5 to account 9", "Transfer 300 dollars from account 9 to account 5"),
+    ("Move 50 euros from savings to checking", "Move 50 euros from checking to savings"),
+    ("Flights from Paris to Lyon on Friday", "Flights from Lyon to Paris on Friday"),
+    ("train from paris to lyon", "train from lyon to paris"),
+    ("Convert 5 usd to eur", "Convert 5 eur to usd"),
+    ("What is 10 divided by 2?", "What is 2 divided by 10?"),
+    ("Is 5 bigger than 9?", "Is 9 bigger than 5?"),
+    ("What is 7 minus 3?", "What is 3 minus 7?"),
+    ("Pay invoice 12 before invoice 15", "Pay invoice 15 before invoice 12"),
+    ("从5号账户转300元到9号账户", "从9号账户转300元到5号账户"),
+    ("从北京到上海的高铁几点", "从上海到北京的高铁几点"),
+    ("从余额宝转到银行卡要多久", "从银行卡转到余额宝要多久"),
+    ("10除以2等于多少", "2除以10等于多少"),
+    ("3比5大吗", "5比3大吗"),
+    ("把100美元换成人民币", "把100人民币换成美元"),
+    ("向9号账户转账5元", "向5号账户转账9元"),
+    ("第3期和第5期账单", "第5期和第3期账单"),
+]
+# Values that differ in a way the number guard alone missed: ids, dates, weekdays, e-mail, names.
+DIFFERENT_VALUES = [
+    ("Where is order ab12cd?", "Where is order ab12ce?"),
+    ("c3 n9", "c9 n3"),  # the load test's swapped digits
+    ("Can I book for Monday?", "Can I book for Tuesday?"),
+    ("Send the receipt to alice@example.com", "Send the receipt to bob@example.com"),
+    ("What's the weather in Lyon?", "What's the weather in Paris?"),
+    ("周一能办理吗", "周二能办理吗"),
+    ("Is the branch open today?", "Is the branch open tomorrow?"),
+]
+
+
+@pytest.mark.parametrize(("asked", "cached"), SWAPPED)
+def test_the_same_values_in_another_order_or_role_are_rejected(asked: str, cached: str) -> None:
+    assert analyzer.signals(asked, cached).rejection == ORDER_DIFFERS
+    assert analyzer.signals(cached, asked).rejection == ORDER_DIFFERS
+
+
+@pytest.mark.parametrize(("asked", "cached"), DIFFERENT_VALUES)
+def test_different_ids_dates_addresses_and_names_are_rejected(asked: str, cached: str) -> None:
+    assert analyzer.signals(asked, cached).rejection == VALUES_DIFFER
+
+
+@pytest.mark.parametrize(("asked", "cached"), [
+    ("Transfer 300 dollars from account 5 to account 9", "Move 300 dollars to account 9 from account 5"),
+    ("从5号账户转300元到9号账户", "转300元，从5号账户到9号账户"),
+    ("How do I send money to a friend?", "How can I transfer money to someone?"),
+    ("转账5000元多久到账", "5000元转账要多久才能到账"),
+    ("How do I move money into my savings account?", "How do I transfer money to my savings account?"),
+    ("What's the weather in Lyon?", "what is the weather like in Lyon"),
+])
+def test_order_guards_let_reworded_questions_with_the_same_roles_through(asked: str, cached: str) -> None:
+    assert analyzer.signals(asked, cached).rejection is None
+
+
+def test_the_order_guard_rejects_in_every_band_including_above_it() -> None:
+    verifier = PairVerifier(analyzer, None)
+    strict = SemanticPolicy(threshold=0.98, accept_above=0.99, min_probability=0.99)
+    for asked, cached in SWAPPED[:1] + SWAPPED[10:11]:
+        verdict = verifier.verify(asked, cached, 0.995, strict)
+        assert not verdict.accepted and verdict.reason == ORDER_DIFFERS
