@@ -10,6 +10,9 @@ RUN := .run
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 CALIBRATE_STAMP := $(VENV)/.installed-calibrate
+# The client libraries of the conformance suite (tests/clients), in an environment of their own.
+CLIENTS_VENV := .venv-clients
+CLIENTS_STAMP := $(CLIENTS_VENV)/.installed
 # The CPU build of torch on this machine's disk; unpinned, pip would fetch a CUDA build.
 TORCH_VERSION ?= 2.13.0
 
@@ -17,7 +20,7 @@ STRATA_HOST ?= 127.0.0.1
 STRATA_PORT ?= 8080
 export STRATA_HOST STRATA_PORT
 
-.PHONY: help deps test-deps calibrate-deps bench-replay up down status restart test test-fast test-cluster bench load train-verifier logs strata-start strata-stop
+.PHONY: help deps test-deps client-deps calibrate-deps bench-replay up down status restart test test-fast test-cluster bench load train-verifier logs strata-start strata-stop
 
 help:
 	@echo "make up      start Redis Stack (6380), vLLM (8000) and Strata (8080) in the background"
@@ -29,6 +32,7 @@ help:
 
 deps: $(STAMP)
 test-deps: $(TEST_STAMP)
+client-deps: $(CLIENTS_STAMP)
 calibrate-deps: $(CALIBRATE_STAMP)
 
 # The service's own dependencies; the test and calibrate extras come on top where needed.
@@ -45,6 +49,11 @@ $(TEST_STAMP): $(STAMP)
 	$(PIP) install -q -e ".[test]" "torch==$(TORCH_VERSION)"
 	@command -v tmux >/dev/null || { [ "$$(id -u)" = 0 ] && (apt-get install -y -qq tmux >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq tmux >/dev/null 2>&1)) || echo "note: tmux not installed; the strata top test is skipped"; }
 	@command -v promtool >/dev/null || { [ "$$(id -u)" = 0 ] && (apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1)) || echo "note: promtool not installed (Debian package prometheus); the alert-rules check is skipped"; }
+	@touch $@
+
+$(CLIENTS_STAMP): tests/clients/requirements.txt
+	@test -x $(CLIENTS_VENV)/bin/python || $(PYTHON) -m venv $(CLIENTS_VENV)
+	$(CLIENTS_VENV)/bin/pip install -q -r tests/clients/requirements.txt
 	@touch $@
 
 $(CALIBRATE_STAMP): $(STAMP)
@@ -98,7 +107,7 @@ logs:
 # The whole suite: unit, integration (own Redis Stack on its own port), the cluster suite (own
 # Redis Clusters), end-to-end (real vLLM: reuses one answering on STRATA_TEST_VLLM_URL, or
 # starts its own); then integration and end-to-end again on a Redis Cluster of their own.
-test: test-deps
+test: test-deps client-deps
 	vllm/vllm.sh install
 	$(PY) -m pytest -q -p no:cacheprovider
 	$(PY) -m pytest -q -p no:cacheprovider --redis-cluster tests/integration tests/e2e

@@ -24,9 +24,10 @@ class StrataError(Exception):
         message: str,
         *,
         param: str | None = None,
-        code: str | None = None,
+        code: str | int | None = None,
         status_code: int | None = None,
         headers: dict[str, str] | None = None,
+        error_type: str | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -35,6 +36,8 @@ class StrataError(Exception):
         self.headers = headers or {}
         if status_code is not None:
             self.status_code = status_code
+        if error_type is not None:
+            self.error_type = error_type
 
 
 class InvalidRequest(StrataError):
@@ -90,12 +93,13 @@ class UpstreamTimeout(StrataError):
 
 
 class UpstreamRejected(StrataError):
-    """The model server refused the request (4xx); its status and message are passed on."""
+    """The model server answered with an error status: its status, type, code, param, message and
+    ``Retry-After`` are passed on as they came, so a client sees what the model server said."""
 
     error_type = "invalid_request_error"
 
 
-def error_body(message: str, error_type: str, param: str | None, code: str | None) -> bytes:
+def error_body(message: str, error_type: str, param: str | None, code: str | int | None) -> bytes:
     return json_encoder.encode(
         ErrorResponse(error=ErrorDetail(message=message, type=error_type, param=param, code=code))
     )

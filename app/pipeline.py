@@ -101,6 +101,11 @@ class ChatPipeline:
             raise
         exchange.body = {k: v for k, v in call.raw.items() if k != "max_completion_tokens"}
         exchange.body["max_tokens"] = max_tokens
+        if request.stream:
+            # The usage is part of the answer a later non-streamed hit returns: always ask for it.
+            exchange.client_usage = bool(request.stream_options and request.stream_options.include_usage)
+            options = call.raw.get("stream_options")
+            exchange.body["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
         return await self._relay.send(exchange)
 
     async def settle(self, *, observations: bool = True) -> None:

@@ -42,6 +42,8 @@ class Exchange(msgspec.Struct, kw_only=True):
         category: The content category's name.
         learnt_cap: Whether ``max_tokens`` is L4's learnt cap (its cuts are counted).
         ticket: The single-flight ticket to finish with the answer, if the request leads.
+        client_usage: Whether a streaming client asked for the usage chunk itself (Strata always
+            asks the model for it, to store the usage; the client gets it only if it asked).
     """
 
     body: dict[str, Any]
@@ -52,6 +54,7 @@ class Exchange(msgspec.Struct, kw_only=True):
     category: str = ""
     learnt_cap: bool = False
     ticket: Ticket | None = None
+    client_usage: bool = False
 
     async def finish(self, answer: bytes | StrataError | None) -> None:
         if self.ticket is not None:
@@ -162,7 +165,9 @@ class Relay:
                     assembler.add(first)
                     yield sse_event(first)
                     async for payload in chunks:
-                        assembler.add(payload)
+                        chunk = assembler.add(payload)
+                        if not chunk.choices and chunk.usage is not None and not exchange.client_usage:
+                            continue  # asked for the cache's sake: this client did not ask for it
                         yield sse_event(payload)
             except (StrataError, msgspec.DecodeError, msgspec.ValidationError) as exc:
                 if not isinstance(exc, StrataError):

@@ -13,14 +13,14 @@ from app.chat import ChatResult, Outcome
 from app.metrics import Metrics
 from app.wire import (
     SSE_DONE,
-    ChatCompletionChunk,
+    ChatCompletionChunkView,
     ChatCompletionRequest,
-    ChunkChoice,
-    ChunkDelta,
     chunk_view_decoder,
     completion_decoder,
     json_encoder,
 )
+
+CHUNK_OBJECT = "chat.completion.chunk"
 
 _HIT_OUTCOMES = {"exact": Outcome.EXACT_HIT, "semantic": Outcome.SEMANTIC_HIT}
 
@@ -41,7 +41,11 @@ def refresh_identity(completion: dict[str, Any]) -> dict[str, Any]:
 
 
 def replay_chunks(completion: dict[str, Any], *, include_usage: bool) -> Iterator[bytes]:
-    """Replay a complete answer as the SSE events a streaming upstream would have sent.
+    """Replay a complete answer as the SSE events a streaming model server would have sent: per
+    choice its role, its content with the content's logprobs, its refusal, each tool call (id, type
+    and name, then its arguments, as vLLM sends them), its finish reason; the usage chunk when the
+    client asked for one. Every chunk is a full ``chat.completion.chunk`` (the openai SDK's
+    ``.stream()`` helper checks ``object``).
 
     Args:
         completion: The completion (with its fresh identity).
@@ -50,21 +54,40 @@ def replay_chunks(completion: dict[str, Any], *, include_usage: bool) -> Iterato
     Yields:
         SSE events, ending with ``data: [DONE]``.
     """
-    identity = {"id": completion["id"], "created": completion["created"], "model": completion.get("model", "")}
-    for choice in completion.get("choices", []):
-        index = choice.get("index", 0)
+    head: dict[str, Any] = {"id": completion["id"], "object": CHUNK_OBJECT, "created": completion["created"],
+                            "model": completion.get("model", "")}
+    if completion.get("system_fingerprint") is not None:
+        head["system_fingerprint"] = completion["system_fingerprint"]
+
+    def chunk(index: int, delta: dict[str, Any], *, logprobs: Any = None, finish: str | None = None,
+              extra: dict[str, Any] | None = None) -> bytes:
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish, **(extra or {})}
+        return sse_event(json_encoder.encode({**head, "choices": [choice]}))
+
+    for position, choice in enumerate(completion.get("choices") or []):
+        index = choice.get("index", position)
         message = choice.get("message") or {}
-        role = message.get("role", "assistant")
-        first = ChunkChoice(index=index, delta=ChunkDelta(role=role, content=""))
-        yield sse_event(json_encoder.encode(ChatCompletionChunk(**identity, choices=[first])))
-        content = message.get("content")
-        if content:
-            body = ChunkChoice(index=index, delta=ChunkDelta(content=content))
-            yield sse_event(json_encoder.encode(ChatCompletionChunk(**identity, choices=[body])))
-        last = ChunkChoice(index=index, delta=ChunkDelta(), finish_reason=choice.get("finish_reason", "stop"))
-        yield sse_event(json_encoder.encode(ChatCompletionChunk(**identity, choices=[last])))
+        logprobs = choice.get("logprobs") or {}
+        yield chunk(index, {"role": message.get("role", "assistant"), "content": ""})
+        if message.get("reasoning_content"):
+            yield chunk(index, {"reasoning_content": message["reasoning_content"]})
+        if message.get("content"):
+            content_logprobs = {"content": logprobs["content"], "refusal": None} if logprobs.get("content") else None
+            yield chunk(index, {"content": message["content"]}, logprobs=content_logprobs)
+        if message.get("refusal"):
+            refusal_logprobs = {"content": None, "refusal": logprobs["refusal"]} if logprobs.get("refusal") else None
+            yield chunk(index, {"refusal": message["refusal"]}, logprobs=refusal_logprobs)
+        for call_index, call in enumerate(message.get("tool_calls") or []):
+            function = call.get("function") or {}
+            opening = {"index": call_index, "id": call.get("id"), "type": call.get("type", "function"),
+                       "function": {"name": function.get("name"), "arguments": ""}}
+            yield chunk(index, {"tool_calls": [opening]})
+            if function.get("arguments"):
+                yield chunk(index, {"tool_calls": [{"index": call_index, "function": {"arguments": function["arguments"]}}]})
+        extra = {"stop_reason": choice["stop_reason"]} if "stop_reason" in choice else None
+        yield chunk(index, {}, finish=choice.get("finish_reason", "stop"), extra=extra)
     if include_usage and completion.get("usage") is not None:
-        yield sse_event(json_encoder.encode(ChatCompletionChunk(**identity, choices=[], usage=completion["usage"])))
+        yield sse_event(json_encoder.encode({**head, "choices": [], "usage": completion["usage"]}))
     yield sse_event(SSE_DONE)
 
 
@@ -105,51 +128,114 @@ async def _iterate(events: Iterable[bytes]) -> AsyncIterator[bytes]:
         yield event
 
 
+class _ChoiceParts:
+    """What the chunks of one choice said so far."""
+
+    def __init__(self) -> None:
+        self.role = "assistant"
+        self.content: list[str] = []
+        self.refusal: list[str] = []
+        self.reasoning: list[str] = []
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.arguments: dict[int, list[str]] = {}
+        self.content_logprobs: list[Any] = []
+        self.refusal_logprobs: list[Any] = []
+        self.finish: str | None = None
+        self.stop_reason: Any = None
+        self.has_stop_reason = False
+
+    def message(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": self.role,
+                                   "content": "".join(self.content) if self.content or not self.calls else None}
+        if self.refusal:
+            message["refusal"] = "".join(self.refusal)
+        if self.reasoning:
+            message["reasoning_content"] = "".join(self.reasoning)
+        if self.calls:
+            message["tool_calls"] = [
+                {**call, "function": {**call["function"], "arguments": "".join(self.arguments.get(i, []))}}
+                for i, call in sorted(self.calls.items())
+            ]
+        return message
+
+
 class StreamAssembler:
-    """Collects upstream chunks into the completion they add up to."""
+    """Collects upstream chunks into the completion they add up to: content, refusal, reasoning,
+    tool calls (merged by index, arguments joined), logprobs, finish and stop reasons, the system
+    fingerprint and usage; so that what a stream stored replays, as JSON or SSE, as it came."""
 
     def __init__(self) -> None:
         self._id = ""
         self._created = 0
         self._model = ""
-        self._roles: dict[int, str] = {}
-        self._parts: dict[int, list[str]] = {}
-        self._finish: dict[int, str | None] = {}
-        self._tool_calls = False
+        self._fingerprint: str | None = None
+        self._choices: dict[int, _ChoiceParts] = {}
         self.usage: dict[str, Any] | None = None
 
-    def add(self, payload: bytes) -> None:
+    def add(self, payload: bytes) -> ChatCompletionChunkView:
+        """Add one chunk's payload; returns it decoded.
+
+        Raises:
+            msgspec.DecodeError, msgspec.ValidationError: Not a chat completion chunk.
+        """
         chunk = chunk_view_decoder.decode(payload)
         self._id = self._id or chunk.id
         self._created = self._created or chunk.created
         self._model = self._model or chunk.model
+        self._fingerprint = self._fingerprint or chunk.system_fingerprint
         if chunk.usage is not None:
             self.usage = chunk.usage
         for choice in chunk.choices:
-            if choice.delta.role:
-                self._roles[choice.index] = choice.delta.role
-            if choice.delta.content:
-                self._parts.setdefault(choice.index, []).append(choice.delta.content)
-            if choice.delta.tool_calls:
-                self._tool_calls = True
-            if choice.finish_reason is not None or choice.index not in self._finish:
-                self._finish[choice.index] = choice.finish_reason
+            parts = self._choices.setdefault(choice.index, _ChoiceParts())
+            delta = choice.delta
+            if delta.role:
+                parts.role = delta.role
+            if delta.content:
+                parts.content.append(delta.content)
+            if delta.refusal:
+                parts.refusal.append(delta.refusal)
+            if delta.reasoning_content:
+                parts.reasoning.append(delta.reasoning_content)
+            for position, call in enumerate(delta.tool_calls or []):
+                self._add_call(parts, call, position)
+            if choice.logprobs:
+                parts.content_logprobs += choice.logprobs.get("content") or []
+                parts.refusal_logprobs += choice.logprobs.get("refusal") or []
+            if choice.finish_reason is not None:
+                parts.finish = choice.finish_reason
+            if choice.stop_reason is not None or choice.finish_reason is not None:
+                parts.stop_reason, parts.has_stop_reason = choice.stop_reason, True
+        return chunk
+
+    @staticmethod
+    def _add_call(parts: _ChoiceParts, call: dict[str, Any], position: int) -> None:
+        index = call.get("index", position)
+        known = parts.calls.setdefault(index, {"id": None, "type": "function", "function": {"name": None}})
+        function = call.get("function") or {}
+        if call.get("id"):
+            known["id"] = call["id"]
+        if call.get("type"):
+            known["type"] = call["type"]
+        if function.get("name"):
+            known["function"]["name"] = function["name"]
+        if function.get("arguments"):
+            parts.arguments.setdefault(index, []).append(function["arguments"])
 
     @property
     def complete(self) -> bool:
-        """Every choice finished with ``stop`` and carried plain content: safe to cache."""
-        return bool(self._finish) and not self._tool_calls and all(r == "stop" for r in self._finish.values())
+        """Every choice finished, with ``stop`` or a call of tools: a whole answer."""
+        return bool(self._choices) and all(p.finish in ("stop", "tool_calls") for p in self._choices.values())
 
     def completion(self) -> dict[str, Any]:
-        choices = [
-            {
-                "index": index,
-                "message": {"role": self._roles.get(index, "assistant"), "content": "".join(self._parts.get(index, []))},
-                "logprobs": None,
-                "finish_reason": self._finish[index],
-            }
-            for index in sorted(self._finish)
-        ]
+        choices = []
+        for index, parts in sorted(self._choices.items()):
+            logprobs = ({"content": parts.content_logprobs or None, "refusal": parts.refusal_logprobs or None}
+                        if parts.content_logprobs or parts.refusal_logprobs else None)
+            choice: dict[str, Any] = {"index": index, "message": parts.message(), "logprobs": logprobs,
+                                      "finish_reason": parts.finish}
+            if parts.has_stop_reason:
+                choice["stop_reason"] = parts.stop_reason
+            choices.append(choice)
         completion: dict[str, Any] = {
             "id": self._id,
             "object": "chat.completion",
@@ -157,6 +243,8 @@ class StreamAssembler:
             "model": self._model,
             "choices": choices,
         }
+        if self._fingerprint is not None:
+            completion["system_fingerprint"] = self._fingerprint
         if self.usage is not None:
             completion["usage"] = self.usage
         return completion

@@ -59,15 +59,31 @@ def _translate(exc: openai.OpenAIError) -> StrataError:
     if isinstance(exc, openai.APIConnectionError):
         return UpstreamUnavailable(f"the model server is unreachable: {exc}")
     if isinstance(exc, openai.APIStatusError):
-        message = exc.message
-        if isinstance(exc.body, dict):
-            detail = exc.body.get("error", exc.body)
-            if isinstance(detail, dict) and isinstance(detail.get("message"), str):
-                message = detail["message"]
-        if 400 <= exc.status_code < 500:
-            return UpstreamRejected(message, status_code=exc.status_code, code="upstream_rejected")
-        return UpstreamUnavailable(f"the model server failed ({exc.status_code}): {message}")
+        return _passed_on(exc)
     return UpstreamUnavailable(f"the model server failed: {exc}")
+
+
+# OpenAI's error types by status, for an upstream error body that names none.
+_STATUS_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                 404: "not_found_error", 409: "conflict_error", 422: "invalid_request_error", 429: "rate_limit_error"}
+
+
+def _passed_on(exc: openai.APIStatusError) -> UpstreamRejected:
+    """The model server's error as it sent it: status, type, code, param, message, Retry-After."""
+    status = exc.status_code
+    detail: dict[str, Any] = {}
+    if isinstance(exc.body, dict):
+        found = exc.body.get("error", exc.body)
+        detail = found if isinstance(found, dict) else {}
+    message = detail.get("message") if isinstance(detail.get("message"), str) else exc.message
+    kind = detail.get("type") if isinstance(detail.get("type"), str) and detail.get("type") else (
+        _STATUS_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error"))
+    code, param = detail.get("code"), detail.get("param")
+    retry_after = exc.response.headers.get("retry-after") if status in (429, 503) else None
+    return UpstreamRejected(message, status_code=status, error_type=kind,
+                            code=code if isinstance(code, (str, int)) else None,
+                            param=param if isinstance(param, str) else None,
+                            headers={"Retry-After": retry_after} if retry_after else None)
 
 
 def _never_reached(exc: openai.OpenAIError) -> bool:

@@ -139,45 +139,28 @@ def chat_as_legacy(chat: dict[str, Any]) -> dict[str, Any]:
 # --- responses -------------------------------------------------------------------------------
 
 
-class ChunkDelta(msgspec.Struct, kw_only=True, omit_defaults=True):
-    role: str | None = None
-    content: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
-
-
-class ChunkChoice(msgspec.Struct, kw_only=True):
-    index: int
-    delta: ChunkDelta
-    logprobs: Any = None
-    finish_reason: str | None = None
-
-
-class ChatCompletionChunk(msgspec.Struct, kw_only=True, omit_defaults=True):
-    id: str
-    created: int
-    model: str
-    choices: list[ChunkChoice]
-    object: str = "chat.completion.chunk"
-    usage: dict[str, Any] | None = None
-
-
-# Decoding views of upstream chunks: only what assembling a completion needs, lenient defaults.
+# Decoding views of upstream chunks: what assembling a completion needs, lenient defaults.
 class ChunkDeltaView(msgspec.Struct):
     role: str | None = None
     content: str | None = None
-    tool_calls: list[Any] | None = None
+    refusal: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 class ChunkChoiceView(msgspec.Struct):
     index: int = 0
     delta: ChunkDeltaView = msgspec.field(default_factory=ChunkDeltaView)
+    logprobs: dict[str, Any] | None = None
     finish_reason: str | None = None
+    stop_reason: Any = None
 
 
 class ChatCompletionChunkView(msgspec.Struct):
     id: str = ""
     created: int = 0
     model: str = ""
+    system_fingerprint: str | None = None
     choices: list[ChunkChoiceView] = msgspec.field(default_factory=list)
     usage: dict[str, Any] | None = None
 

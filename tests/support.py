@@ -4,7 +4,9 @@ upstream, and one way of asking Strata a question."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
+import re
 import subprocess
 import sys
 import time
@@ -201,30 +203,31 @@ class FakeUpstream:
                 await asyncio.sleep(upstream.delay)
             if upstream.judge_delay and body["messages"][0].get("content") == JUDGE_SYSTEM_PROMPT:
                 await asyncio.sleep(upstream.judge_delay)
-            if upstream.status != 200:
-                error = {"error": {"message": "fake upstream failure", "type": "server_error", "code": None}}
-                return Response(msgspec.json.encode(error), status_code=upstream.status, media_type="application/json")
-            content = upstream.answer_for(body)
+            failure = vllm_error(upstream.status, str(body.get("model", "")))
+            if failure is not None:
+                return failure
             identity = {"id": f"chatcmpl-fake{len(upstream.calls)}", "created": 1700000000, "model": body["model"]}
-            usage = {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12}
+            choices = [upstream.choice(body, index) for index in range((body.get("n") or 1))]
+            usage = {"prompt_tokens": 7, "completion_tokens": 5 * len(choices), "total_tokens": 7 + 5 * len(choices)}
             if body.get("stream"):
-                return Stream(upstream._chunks(identity, content, usage), media_type="text/event-stream")
-            message: dict[str, Any] = {"role": "assistant", "content": content}
-            finish = upstream.finish_reason
-            if upstream.tool_calls and body.get("tools"):
-                name = body["tools"][0]["function"]["name"]
-                arguments = msgspec.json.encode({"asked": body["messages"][-1].get("content")}).decode()
-                message = {"role": "assistant", "content": None, "tool_calls": [
-                    {"id": f"call_{len(upstream.calls)}", "type": "function",
-                     "function": {"name": name, "arguments": arguments}}]}
-                finish = "stop" if isinstance(body.get("tool_choice"), dict) else "tool_calls"
-            completion = {
-                **identity,
-                "object": "chat.completion",
-                "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
-                "usage": usage,
-            }
+                with_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+                return Stream(upstream._chunks(identity, choices, usage if with_usage else None),
+                              media_type="text/event-stream")
+            completion = {**identity, "object": "chat.completion", "choices": choices, "usage": usage}
             return Response(msgspec.json.encode(completion), media_type="application/json")
+
+        @post("/v1/messages", status_code=200)
+        async def messages(request: Request) -> Response[bytes]:
+            # Anthropic's Messages API as vLLM serves it (tests/clients pass it through Strata).
+            body = msgspec.json.decode(await request.body())
+            upstream.other_calls.append(("POST", "/v1/messages", msgspec.json.encode(body)))
+            last = body["messages"][-1]["content"]
+            text = last if isinstance(last, str) else " ".join(b.get("text", "") for b in last if isinstance(b, dict))
+            answer = {"id": f"msg_fake{len(upstream.other_calls)}", "type": "message", "role": "assistant",
+                      "model": body["model"], "content": [{"type": "text", "text": f"answer to: {text}"}],
+                      "stop_reason": "end_turn", "stop_sequence": None,
+                      "usage": {"input_tokens": 7, "output_tokens": 5}}
+            return Response(msgspec.json.encode(answer), media_type="application/json")
 
         @post("/v1/completions", status_code=200)
         async def completions(request: Request) -> Response[bytes] | Stream:
@@ -284,25 +287,128 @@ class FakeUpstream:
             return ('vllm:prefix_cache_queries_total{engine="0",model_name="fake-model"} 400.0\n'
                     'vllm:prefix_cache_hits_total{engine="0",model_name="fake-model"} 300.0\n')
 
-        return Litestar([chat, completions, embeddings, model, moderations, models, metrics])
+        return Litestar([chat, messages, completions, embeddings, model, moderations, models, metrics])
 
-    async def _chunks(self, identity: dict[str, Any], content: str, usage: dict[str, Any]) -> Any:
-        def event(choices: list[dict[str, Any]], **extra: Any) -> bytes:
-            chunk = {**identity, "object": "chat.completion.chunk", "choices": choices, **extra}
+    def choice(self, body: dict[str, Any], index: int = 0) -> dict[str, Any]:
+        """One choice as vLLM answers it: text, a call of the first tool (when ``tool_choice`` names
+        it or requires one, or on ``auto`` with :attr:`tool_calls`), or JSON for ``response_format``;
+        logprobs when asked. A named tool call ends with ``stop``, as vLLM's does."""
+        content = self.answer_for(body)
+        if index:
+            content = f"{content} (choice {index})"
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        finish = self.finish_reason
+        tools, choice = body.get("tools"), body.get("tool_choice")
+        format_ = body.get("response_format") or {}
+        if tools and choice != "none" and (isinstance(choice, dict) or choice == "required" or self.tool_calls):
+            named = choice["function"]["name"] if isinstance(choice, dict) else tools[0]["function"]["name"]
+            tool = next(t for t in tools if t["function"]["name"] == named)
+            retry = any(m.get("role") == "tool" or (m.get("role") == "assistant" and m.get("tool_calls"))
+                        for m in body["messages"])
+            arguments = filled(tool["function"].get("parameters") or {}, self._asked(body), upper=retry)
+            message = {"role": "assistant", "content": None, "tool_calls": [
+                {"id": f"chatcmpl-tool-{len(self.calls)}{index}", "type": "function",
+                 "function": {"name": named, "arguments": msgspec.json.encode(arguments).decode()}}]}
+            finish = "stop" if isinstance(choice, dict) else "tool_calls"
+        elif format_.get("type") == "json_schema":
+            message["content"] = msgspec.json.encode(filled(format_["json_schema"].get("schema") or {}, content)).decode()
+        elif format_.get("type") == "json_object":
+            message["content"] = msgspec.json.encode({"answer": content}).decode()
+        logprobs = None
+        if body.get("logprobs") and message.get("content"):
+            logprobs = {"content": token_logprobs(message["content"], int(body.get("top_logprobs") or 0)), "refusal": None}
+        return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish, "stop_reason": None}
+
+    @staticmethod
+    def _asked(body: dict[str, Any]) -> str:
+        users = [m.get("content") for m in body["messages"] if m.get("role") == "user"]
+        return users[-1] if users and isinstance(users[-1], str) else "it"
+
+    async def _chunks(self, identity: dict[str, Any], choices: list[dict[str, Any]], usage: dict[str, Any] | None) -> Any:
+        """The stream vLLM sends: per choice a role chunk, the content in two pieces with their
+        logprobs (or the tool call: id, type and name, then its arguments in two pieces), the
+        finish reason; the usage chunk only when the request asked for it."""
+        def event(choice_list: list[dict[str, Any]], **extra: Any) -> bytes:
+            chunk = {**identity, "object": "chat.completion.chunk", "choices": choice_list, **extra}
             return b"data: " + msgspec.json.encode(chunk) + b"\n\n"
 
-        yield event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
-        half = len(content) // 2
-        yield event([{"index": 0, "delta": {"content": content[:half]}, "finish_reason": None}])
-        if self.fail_mid_stream:
-            raise RuntimeError("fake upstream broke mid-stream")
-        if self.malformed_chunk:
-            yield b'data: {"choices": "not a list"}\n\n'
+        def delta(index: int, fields: dict[str, Any], logprobs: Any = None, finish: str | None = None) -> dict[str, Any]:
+            return {"index": index, "delta": fields, "logprobs": logprobs, "finish_reason": finish}
 
-        yield event([{"index": 0, "delta": {"content": content[half:]}, "finish_reason": None}])
-        yield event([{"index": 0, "delta": {}, "finish_reason": self.finish_reason}])
-        yield event([], usage=usage)
+        for choice in choices:
+            index, message = choice["index"], choice["message"]
+            yield event([delta(index, {"role": "assistant", "content": ""})])
+            if message.get("tool_calls"):
+                call = message["tool_calls"][0]
+                arguments = call["function"]["arguments"]
+                yield event([delta(index, {"tool_calls": [{"id": call["id"], "type": "function", "index": 0,
+                                                           "function": {"name": call["function"]["name"], "arguments": ""}}]})])
+                for piece in (arguments[: len(arguments) // 2], arguments[len(arguments) // 2 :]):
+                    yield event([delta(index, {"tool_calls": [{"index": 0, "function": {"arguments": piece}}]})])
+            else:
+                content = message["content"]
+                half = len(content) // 2
+                tokens = (choice.get("logprobs") or {}).get("content") or []
+                starts = list(itertools.accumulate((len(t["token"]) for t in tokens), initial=0))
+                halves = ([t for t, at in zip(tokens, starts, strict=False) if at < half],
+                          [t for t, at in zip(tokens, starts, strict=False) if at >= half])
+                for number, piece in enumerate((content[:half], content[half:])):
+                    logprobs = {"content": halves[number], "refusal": None} if tokens else None
+                    yield event([delta(index, {"content": piece}, logprobs)])
+                    if number == 0 and self.fail_mid_stream:
+                        raise RuntimeError("fake upstream broke mid-stream")
+                    if number == 0 and self.malformed_chunk:
+                        yield b'data: {"choices": "not a list"}\n\n'
+            yield event([{**delta(index, {}, finish=choice["finish_reason"]), "stop_reason": None}])
+        if usage is not None:
+            yield event([], usage=usage)
         yield b"data: [DONE]\n\n"
+
+
+def filled(schema: dict[str, Any], text: str, *, upper: bool = False) -> Any:
+    """A value of a JSON schema built from ``text`` (tool arguments, structured outputs)."""
+    kind = schema.get("type")
+    if kind == "object" or "properties" in schema:
+        return {name: filled(sub, text, upper=upper) for name, sub in (schema.get("properties") or {}).items()}
+    if kind == "array":
+        return [filled(schema.get("items") or {}, text, upper=upper)]
+    if kind == "integer":
+        return 7
+    if kind == "number":
+        return 1.5
+    if kind == "boolean":
+        return True
+    if "enum" in schema:
+        return schema["enum"][0]
+    return text.upper() if upper else text
+
+
+def token_logprobs(content: str, top: int) -> list[dict[str, Any]]:
+    """Per word (with its trailing space) a logprob entry, as vLLM reports them."""
+    entries = []
+    for token in re.findall(r"\S+\s*|\s+", content):
+        alternatives = [{"token": token, "logprob": -0.25, "bytes": list(token.encode())}] * top
+        entries.append({"token": token, "logprob": -0.25, "bytes": list(token.encode()), "top_logprobs": alternatives})
+    return entries
+
+
+# vLLM's error types by status (``{"error": {"message", "type", "param", "code"}}``).
+_VLLM_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 429: "RateLimitError",
+               500: "InternalServerError", 503: "ServiceUnavailableError"}
+# Models whose name makes the fake fail, so that client tests need no coordination with it.
+ERROR_MODELS = {"missing-model": 404, "limited-model": 429, "broken-model": 500, "refused-model": 400}
+
+
+def vllm_error(status: int, model: str) -> Response[bytes] | None:
+    """The error the fake answers with: by its configured status, or by the model's name."""
+    status = ERROR_MODELS.get(model, status)
+    if status == 200:
+        return None
+    message = f"The model `{model}` does not exist." if status == 404 else "fake upstream failure"
+    error = {"error": {"message": message, "type": _VLLM_TYPES.get(status, "BadRequestError"),
+                       "param": "model" if status == 404 else None, "code": status}}
+    headers = {"Retry-After": "7"} if status in (429, 503) else None
+    return Response(msgspec.json.encode(error), status_code=status, media_type="application/json", headers=headers)
 
 
 # The same tests run on one Redis and, with `pytest --redis-cluster`, on a Redis Cluster whose

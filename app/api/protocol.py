@@ -18,8 +18,10 @@ _CHAT_FIELDS = frozenset(ChatCompletionRequest.__struct_fields__)
 
 _PATH = re.compile(r"at `\$\.?(?P<path>[^`]*)`")
 _MISSING = re.compile(r"missing required field `(?P<field>[^`]+)`")
-# Roles whose messages must carry non-empty content.
+# Roles whose messages must carry content; of those, the roles whose content must not be empty
+# (an assistant turn that called tools may say nothing, and a tool may return an empty result).
 _CONTENT_REQUIRED = frozenset({"system", "developer", "user", "tool", "function"})
+_TEXT_REQUIRED = frozenset({"system", "developer", "user"})
 
 
 def _param(error: msgspec.ValidationError) -> str | None:
@@ -68,6 +70,8 @@ def parse_chat_request(
         if length > max_content_chars:
             raise InvalidRequest(f"`{field}` has {length} characters; at most {max_content_chars} are allowed",
                                  param=field, code="content_too_long")
+        if message.role not in _TEXT_REQUIRED and content is not None:
+            continue  # assistant, tool and function turns carry what the model or the tool said, even nothing
         if isinstance(content, str) and not content.strip():
             raise InvalidRequest(f"`{field}` must not be empty", param=field, code="empty_content")
         if isinstance(content, list) and (

@@ -68,25 +68,31 @@ _VALUE = re.compile(
     r"|(?P<id>\b(?=[a-z0-9]*\d)(?=[a-z0-9]*[a-z])[a-z0-9]+(?:[-_][a-z0-9]+)*\b)"
     r"|(?P<number>\d+(?:[.,]\d+)*|[零一二两三四五六七八九十百千万亿]+(?=[个元块号日月年天次期笔张位岁%]))"
 )
-# Words that are values too: weekdays, months and relative days name a date.
+# Words that are values too: weekdays, months and relative days name a date ("may" is a verb
+# far more often than a month, and is left out).
 _DATE_WORDS = frozenset(
-    "monday tuesday wednesday thursday friday saturday sunday january february march april may june july august "
+    "monday tuesday wednesday thursday friday saturday sunday january february march april june july august "
     "september october november december today tomorrow yesterday tonight weekend".split()
 )
 _CN_DATE = re.compile(r"(?:周|星期|礼拜)[一二三四五六日天]|今天|明天|昨天|后天|前天|今晚|周末")
 # Markers that give the value after them a role; synonyms share the role's name.
+# Only markers whose roles a reordering can swap; "over", "via", "until" and the like read the same
+# either way ("over 50k" / "more than 50k") and are left to the order of the values.
 _ROLE_WORDS = {
     "from": "source", "to": "target", "into": "target", "onto": "target", "toward": "target", "towards": "target",
-    "by": "by", "per": "per", "than": "than", "via": "via", "through": "via", "vs": "versus", "versus": "versus",
-    "minus": "minus", "plus": "plus", "times": "times", "over": "over", "under": "under", "until": "until",
-    "till": "until", "since": "since", "between": "between",
+    "by": "by", "per": "per", "than": "than", "minus": "minus", "plus": "plus", "times": "times",
 }
 _CN_ROLES = re.compile(r"(?P<source>从|由|自)|(?P<target>到|至|向|往|转给|转入到|换成|兑换成|换为|改为|改成)"
                        r"|(?P<by>除以)|(?P<times>乘以)|(?P<than>比)")
 # A role holds the first value at most this many tokens (English) or characters (Chinese) after
-# its marker, within one clause.
+# its marker, within one clause; in English only across function words and the nouns that name a
+# slot ("from account 5", "to my card 9"), never across a verb ("to access over 50k").
 _ROLE_REACH_WORDS = 3
 _ROLE_REACH_CHARS = 4
+_SLOT_NOUNS = frozenset(
+    "account accounts card cards number no order invoice ticket item page step line room seat gate platform id code "
+    "box unit floor row version option plan level tier chapter section part question branch store shop wallet".split()
+)
 _CLAUSE_BREAK = re.compile(r"[,.;:!?，。；：！？、\n]")
 _CAPITALISED = re.compile(r"(?<![.!?]\s)(?<!^)\b[A-Z][a-z]+(?:[A-Z][a-z]+)*\b")
 # Profiles kept per analyzer (a few hundred bytes each).
@@ -190,7 +196,7 @@ class Profile(msgspec.Struct, frozen=True):
     numbers: list[str]
     slots: tuple[Slot, ...]
     named: frozenset[str]
-    fillers: tuple[tuple[str, str], ...]
+    fillers: tuple[tuple[str, str, int], ...]
     negations: int
     operations: frozenset[str]
     entities: frozenset[int]
@@ -239,7 +245,7 @@ class PairAnalyzer:
             bigram_sequence=tuple(compact[i : i + 2] for i in range(len(compact) - 1)),
         )
 
-    def _slots(self, text: str) -> tuple[tuple[Slot, ...], tuple[tuple[str, str], ...]]:
+    def _slots(self, text: str) -> tuple[tuple[Slot, ...], tuple[tuple[str, str, int], ...]]:
         """The values of a question in order, each with the role of the marker before it, and the
         first content word (English) or two characters (Chinese) after each marker, to tell
         "from paris to lyon" from "from lyon to paris", which name no value."""
@@ -255,21 +261,21 @@ class PairAnalyzer:
                                                   for o in found))
         tokens = list(_WORD.finditer(text))
         markers: list[tuple[int, int, str, bool]] = []  # (start, end, role, English word)
-        fillers: list[tuple[str, str]] = []
+        fillers: list[tuple[str, str, int]] = []  # (role, word after the marker, the marker's start)
         for index, match in enumerate(tokens):
             role = _ROLE_WORDS.get(match.group())
-            if role is None:
-                continue
+            if role is None or not _standalone(text, match.start(), match.end()):
+                continue  # "from" of load_from_disk is no marker
             markers.append((match.start(), match.end(), role, True))
             following = next((t.group() for t in tokens[index + 1 : index + 1 + _ROLE_REACH_WORDS]
                               if t.group() not in self._function_words and t.group() not in _ROLE_WORDS), None)
             if following is not None:
-                fillers.append((role, following))
+                fillers.append((role, following, match.start()))
         for match in _CN_ROLES.finditer(text):
             markers.append((match.start(), match.end(), match.lastgroup or "", False))
             following = text[match.end() : match.end() + 2]
             if len(following) == 2 and all("\u3400" <= c <= "\u9fff" for c in following):
-                fillers.append((match.lastgroup or "", following))
+                fillers.append((match.lastgroup or "", following, match.start()))
         markers.sort()
         breaks = [m.start() for m in _CLAUSE_BREAK.finditer(text)]
         roles = [""] * len(found)
@@ -277,13 +283,19 @@ class PairAnalyzer:
             # The marker's reach: up to the next marker or clause break, a few words or characters.
             limit = min([b for b in breaks if b >= m_end] + [m[0] for m in markers[index + 1 :]] + [len(text)])
             reach = [i for i, (v_start, _, _) in enumerate(found) if m_end <= v_start < limit and not roles[i]
-                     and (len(_WORD.findall(text[m_end:v_start])) if english else len(text[m_end:v_start].strip()))
-                     <= (_ROLE_REACH_WORDS if english else _ROLE_REACH_CHARS)]
+                     and self._within_reach(text[m_end:v_start], english)]
             # "from account 5": the number is what the role is about, not the word "account".
             specific = [i for i in reach if not found[i][2].startswith("#")]
             if specific or reach:
                 roles[(specific or reach)[0]] = role
         return tuple(Slot(role, value) for role, (_, _, value) in zip(roles, found, strict=True)), tuple(fillers)
+
+    def _within_reach(self, between: str, english: bool) -> bool:
+        if not english:
+            return len(between.strip()) <= _ROLE_REACH_CHARS
+        words = _WORD.findall(between)
+        return len(words) <= _ROLE_REACH_WORDS and all(
+            w in self._function_words or w in _SLOT_NOUNS or w in self._entity_of for w in words)
 
     def compare(self, asked: Profile, cached: Profile) -> Signals:
         # An operation on one side whose opposite is on the other side only.
@@ -337,38 +349,69 @@ class PairAnalyzer:
         return values
 
 
+def _standalone(text: str, start: int, end: int) -> bool:
+    """A word not joined to its neighbours by ``_``, ``.`` or ``-`` (part of an identifier)."""
+    return (start == 0 or text[start - 1] not in "_.-") and (end == len(text) or text[end] not in "_.-")
+
+
 def _names_differ(a: Profile, b: Profile) -> bool:
     """Each side names something (a capitalised name mid-sentence: "Lyon", "Paris") that the
     other does not mention at all: two named things, not one named and one left implicit."""
-    only_a = {n for n in a.named if n not in b.tokens}
-    only_b = {n for n in b.named if n not in a.tokens}
+    only_a = {n for n in a.named if n not in b.text}
+    only_b = {n for n in b.named if n not in a.text}
     return bool(only_a and only_b)
 
 
 def _order_differs(a: Profile, b: Profile) -> bool:
-    """The same values in other roles or another order: values with a role (from/to, 从/到, by,
-    than, ...) must hold the same roles, values without one must come in the same order; and the
-    words after two markers must not have swapped ("from paris to lyon" / "from lyon to paris").
-    Judged only between the same values: different ones are the other guards' to name."""
-    if sorted(s.value for s in a.slots) == sorted(s.value for s in b.slots):
-        return _slots_moved(a, b) or _fillers_swapped(a, b)
+    """The same values in other roles or another order. A value with a role on both sides (from/to,
+    从/到, by, than, ...) must hold the same role there, wherever it stands; every other value must
+    keep its place among the others. So "from account 5 to account 9" / "to account 9 from account
+    5" agree, "from 5 to 9" / "from 9 to 5" and "10 divided by 2" / "2 divided by 10" do not. The
+    words after two markers must not have swapped either ("from paris to lyon" / "from lyon to
+    paris"). Values that differ are the other guards' to name."""
+    if sorted(s.value for s in a.slots) == sorted(s.value for s in b.slots) and _slots_moved(a, b):
+        return True
     return _fillers_swapped(a, b)
 
 
+def _occurrences(slots: tuple[Slot, ...]) -> list[tuple[str, int, str]]:
+    """(value, its occurrence number, role) in order: the k-th "5" of one side pairs with the k-th of the other."""
+    seen: dict[str, int] = {}
+    found = []
+    for slot in slots:
+        seen[slot.value] = seen.get(slot.value, -1) + 1
+        found.append((slot.value, seen[slot.value], slot.role))
+    return found
+
+
 def _slots_moved(a: Profile, b: Profile) -> bool:
-    roled_a = sorted((s.role, s.value) for s in a.slots if s.role)
-    roled_b = sorted((s.role, s.value) for s in b.slots if s.role)
-    if roled_a != roled_b:
-        return True
-    return [s.value for s in a.slots if not s.role] != [s.value for s in b.slots if not s.role]
+    in_a, in_b = _occurrences(a.slots), _occurrences(b.slots)
+    role_b = {(value, n): role for value, n, role in in_b}
+    held = set()
+    for value, n, role in in_a:
+        other = role_b.get((value, n), "")
+        if role and other:
+            if role != other:
+                return True
+            held.add((value, n))  # its role says what it is, wherever it stands
+    order_a = [(value, n) for value, n, _ in in_a if (value, n) not in held]
+    order_b = [(value, n) for value, n, _ in in_b if (value, n) not in held]
+    return order_a != order_b
 
 
 def _fillers_swapped(a: Profile, b: Profile) -> bool:
-    filled_a, filled_b = dict(a.fillers), dict(b.fillers)
-    return any(
-        filled_a[role] != filled_b[role] and filled_a[role] in b.text and filled_b[role] in a.text
-        for role in filled_a.keys() & filled_b.keys()
-    )
+    """A word after a marker on one side stands before that marker on the other, and the other way
+    round: "convert usd to eur" / "convert eur to usd", "from paris to lyon" / "from lyon to paris".
+    (A word merely found elsewhere is a rewording, not a swap.)"""
+    filled_a = {role: (word, at) for role, word, at in a.fillers}
+    filled_b = {role: (word, at) for role, word, at in b.fillers}
+    once = {r for r in filled_a.keys() & filled_b.keys()
+            if sum(f[0] == r for f in a.fillers) == 1 and sum(f[0] == r for f in b.fillers) == 1}
+    for role in once:
+        (word_a, at_a), (word_b, at_b) = filled_a[role], filled_b[role]
+        if word_a != word_b and a.text.rfind(word_b, 0, at_a) >= 0 and b.text.rfind(word_a, 0, at_b) >= 0:
+            return True
+    return False
 
 
 def _ordered_overlap(a: tuple[str, ...], b: tuple[str, ...]) -> float:

@@ -111,7 +111,8 @@ def test_unknown_category_is_rejected(client: httpx.Client, fake_upstream: FakeU
 def test_upstream_errors_are_not_cached(client: httpx.Client, fake_upstream: FakeUpstream) -> None:
     fake_upstream.status = 500
     failed = client.post("/v1/chat/completions", json=chat("err"))
-    assert failed.status_code == 502 and failed.json()["error"]["type"] == "upstream_error"
+    # The model server's own error, as it sent it (status, type, message).
+    assert failed.status_code == 500 and failed.json()["error"]["type"] == "server_error"
     fake_upstream.status = 400
     rejected = client.post("/v1/chat/completions", json=chat("err"))
     assert rejected.status_code == 400 and "fake upstream failure" in rejected.json()["error"]["message"]
