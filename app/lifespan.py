@@ -178,8 +178,10 @@ def cache_parts(settings: Settings, policy: Policy, buckets: Buckets, upstream: 
     flight = caps = None
     if buckets.shared is not None:
         # Leases, L4's statistics and usage counts are single keys: the cluster client routes them.
+        # A follower waits at most for a leader's whole model call (the upstream's timeout and a lease).
         flight = SingleFlight(buckets.shared, metrics, lease_s=settings.singleflight_lease_s,
-                              poll_s=settings.singleflight_poll_s)
+                              poll_s=settings.singleflight_poll_s,
+                              max_wait_s=settings.upstream.timeout_s + settings.singleflight_lease_s)
         caps = TokenCaps(buckets.shared, settings.limits, metrics)
     home = bucket_caches[0] if bucket_caches else None
     return {

@@ -129,8 +129,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # once per distinct prompt) or reject (400 with the span found).
     prompt_hygiene: Literal["off", "warn", "reject"] = "warn"
     prompt_hygiene_file: str = "schemas/prompt_hygiene.yaml"
-    # Single flight: one upstream call per identical miss, across workers.
-    singleflight_lease_s: float = 130.0
+    # Single flight: one upstream call per identical miss, across workers. The leader renews its
+    # lease every quarter of it, so a dead leader's followers go on within lease_s.
+    singleflight_lease_s: float = 2.0
     singleflight_poll_s: float = 0.02
     # /v1/embeddings responses are cached exactly this long (0: not cached).
     embeddings_ttl_s: int = 86_400

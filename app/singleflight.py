@@ -1,26 +1,35 @@
 """Single flight: N concurrent identical misses cause one upstream call, across worker processes.
 
 Within a worker the first request for a key is the leader and the others await its future.
-Across workers the leader also holds a lease in Redis (``SET key token NX PX``); a request in
-another worker that finds the lease taken waits for the answer to appear in the cache,
-checking every ``poll_s``. If the lease disappears without an answer (the leader failed, or its
-answer was not cacheable) or outlives ``lease_s`` (the leader died), the waiting request goes on
-by itself. The lease is released with a compare-and-delete, so a slow leader never frees a
-lease someone else took over.
+Across workers the leader also holds a lease in Redis (``SET key token NX PX``), short
+(``lease_s``, 2 s) and renewed every quarter of it while the leader works, stream included: a
+leader that dies (``kill -9`` mid-stream) stops renewing, and its lease is gone within ``lease_s``.
+A request in another worker that finds the lease taken waits for the answer to appear in the
+cache, checking every ``poll_s``. If the lease disappears without an answer (the leader died, or
+its answer was not cacheable), the waiting request goes on by itself. A leader whose model call
+failed leaves its error in the lease for a moment (``failed:<error>``), so followers everywhere
+answer with that error instead of calling a failing (or hanging) model server again: each request
+costs at most one upstream timeout. Leases are renewed, failed and released only by their holder
+(compare-and-set), so a slow leader never touches a lease someone else took over.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
 
+import msgspec
 from redis.asyncio import Redis
 
 from app.cache.base import CACHE_ERRORS
 from app.errors import StrataError
 from app.metrics import Metrics
+
+logger = logging.getLogger("strata.singleflight")
 
 # What a leader hands its followers in this worker: the answer, the upstream's error (shared,
 # so a failing model server sees one call, not one per follower), or None: go on by yourselves.
@@ -30,16 +39,84 @@ _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+# KEYS: lease. ARGV: token, milliseconds.
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+# KEYS: lease. ARGV: token, the failure, milliseconds it is kept.
+_FAIL = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return 1
+end
+return 0
+"""
+# A lease's value once its leader failed: the followers that waited for it answer with this error;
+# a request arriving after the failure takes the lease over (a retry reaches the model).
+FAILED_PREFIX = b"failed:"
+# KEYS: lease. ARGV: token, milliseconds.
+_ACQUIRE = f"""
+local held = redis.call('GET', KEYS[1])
+if held and string.sub(held, 1, {len(FAILED_PREFIX)}) ~= '{FAILED_PREFIX.decode()}' then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+
+
+class SharedFailure(msgspec.Struct, frozen=True, kw_only=True):
+    """A leader's upstream error as other workers' followers re-raise it."""
+
+    message: str
+    status: int
+    type: str
+    code: str | int | None = None
+    param: str | None = None
+    headers: dict[str, str] = msgspec.field(default_factory=dict)
+
+    @classmethod
+    def of(cls, error: StrataError) -> SharedFailure:
+        return cls(message=error.message, status=error.status_code, type=error.error_type, code=error.code,
+                   param=error.param, headers=dict(error.headers))
+
+    def error(self) -> StrataError:
+        return StrataError(self.message, status_code=self.status, error_type=self.type, code=self.code,
+                           param=self.param, headers=dict(self.headers))
+
+
+_failure_decoder = msgspec.json.Decoder(SharedFailure)
 
 
 class Lease:
-    """A held lease; ``release`` gives it back only if it is still ours."""
+    """A held lease, renewed in the background until it is released or failed (only while ours)."""
 
     def __init__(self, flight: SingleFlight, key: str, token: str) -> None:
         self._flight, self.key, self._token = flight, key, token
+        self._keeper = asyncio.create_task(self._keep())
+
+    async def _keep(self) -> None:
+        flight = self._flight
+        while True:
+            await asyncio.sleep(flight.renew_s)
+            try:
+                if not await flight._renew(keys=[self.key], args=[self._token, flight.lease_ms]):
+                    return  # taken over or gone: nothing left to keep
+            except CACHE_ERRORS as exc:
+                flight._metrics.cache_failed("singleflight", "renew", exc)
+
+    def stop(self) -> None:
+        """Stop renewing (the lease then lives out its last ``lease_s``)."""
+        self._keeper.cancel()
 
     async def release(self) -> None:
+        self.stop()
         await self._flight._release(keys=[self.key], args=[self._token])
+
+    async def fail(self, error: StrataError) -> None:
+        """Leave the error in the lease for a moment: other workers' followers answer with it."""
+        self.stop()
+        shared = FAILED_PREFIX + msgspec.json.encode(SharedFailure.of(error))
+        await self._flight._fail(keys=[self.key], args=[self._token, shared, self._flight.failure_ms])
 
 
 class Ticket:
@@ -69,16 +146,26 @@ class SingleFlight:
     Args:
         redis: The Redis the leases live in.
         metrics: Where roles and lease failures are counted.
-        lease_s: How long a lease lives (longer than any upstream call).
+        lease_s: How long a lease lives without renewal: how soon a dead leader's followers go on.
         poll_s: How often a follower in another worker looks for the answer.
+        max_wait_s: The longest a follower waits for a leader in another worker (the upstream
+            timeout and some: a live leader's call ends by then, one way or the other).
+        failure_s: How long a failed leader's error answers its followers.
     """
 
-    def __init__(self, redis: Redis, metrics: Metrics, *, lease_s: float, poll_s: float) -> None:
+    def __init__(self, redis: Redis, metrics: Metrics, *, lease_s: float, poll_s: float, max_wait_s: float = 130.0,
+                 failure_s: float = 1.0) -> None:
         self._redis = redis
         self._metrics = metrics
-        self._lease_ms = int(lease_s * 1000)
+        self.lease_ms = max(1, int(lease_s * 1000))
+        self.renew_s = lease_s / 4
+        self.failure_ms = max(1, int(failure_s * 1000))
+        self._max_wait_s = max_wait_s
         self._poll = poll_s
         self._release = redis.register_script(_RELEASE)
+        self._take = redis.register_script(_ACQUIRE)
+        self._renew = redis.register_script(_RENEW)
+        self._fail = redis.register_script(_FAIL)
         self._local: dict[str, asyncio.Future[Outcome]] = {}
 
     async def coalesce(self, key: str, read: Callable[[], Awaitable[bytes | None]]) -> Ticket:
@@ -121,7 +208,12 @@ class SingleFlight:
                 return Ticket("remote", answer)
         except CACHE_ERRORS as exc:
             self._metrics.cache_failed("singleflight", "lease", exc)  # go on uncoordinated
+        except StrataError as exc:  # another worker's leader failed: so do its followers here
+            self._finish_local(key, future, exc)
+            raise
         except BaseException:
+            if lease is not None:
+                lease.stop()
             self._finish_local(key, future, None)
             raise
         self._metrics.singleflight.labels("leader").inc()
@@ -130,7 +222,10 @@ class SingleFlight:
             self._finish_local(key, future, outcome)
             if lease is not None:
                 try:
-                    await lease.release()
+                    if isinstance(outcome, StrataError):
+                        await lease.fail(outcome)  # the same request fails the same way: followers share it
+                    else:
+                        await lease.release()
                 except CACHE_ERRORS as exc:
                     self._metrics.cache_failed("singleflight", "release", exc)  # it expires by itself
 
@@ -145,18 +240,33 @@ class SingleFlight:
     async def _acquire(self, key: str) -> Lease | None:
         """Take the cross-worker lease, or ``None`` when another worker leads."""
         token = secrets.token_hex(8)
-        if await self._redis.set(key, token, nx=True, px=self._lease_ms):
+        if await self._take(keys=[key], args=[token, self.lease_ms]):
             return Lease(self, key, token)
         return None
 
     async def _wait(self, key: str, read: Callable[[], Awaitable[bytes | None]]) -> bytes | None:
-        """Wait for another worker's leader: its answer once stored, or ``None`` when it is gone."""
-        deadline = time.monotonic() + self._lease_ms / 1000
+        """Wait for another worker's leader: its answer once stored, or ``None`` when it is gone.
+
+        Raises:
+            StrataError: The leader's model call failed; its error is this request's answer too.
+        """
+        deadline = time.monotonic() + self._max_wait_s
+        waited = False
         while time.monotonic() < deadline:
             answer = await read()
             if answer is not None:
                 return answer
-            if not await self._redis.exists(key):
+            holder = await self._redis.get(key)
+            if holder is None:
                 return await read()  # stored just before the lease went, or nothing
+            if holder.startswith(FAILED_PREFIX):
+                if not waited:
+                    return None  # it failed before this request came: ask again, as a leader
+                self._metrics.singleflight.labels("follower_failed").inc()
+                with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+                    raise _failure_decoder.decode(holder[len(FAILED_PREFIX):]).error()
+                return None
+            waited = True
             await asyncio.sleep(self._poll)
+        logger.warning("gave up waiting %.0f s for the leader of %s", self._max_wait_s, key)
         return None

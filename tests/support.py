@@ -396,7 +396,8 @@ def token_logprobs(content: str, top: int) -> list[dict[str, Any]]:
 _VLLM_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 429: "RateLimitError",
                500: "InternalServerError", 503: "ServiceUnavailableError"}
 # Models whose name makes the fake fail, so that client tests need no coordination with it.
-ERROR_MODELS = {"missing-model": 404, "limited-model": 429, "broken-model": 500, "refused-model": 400}
+ERROR_MODELS = {"missing-model": 404, "limited-model": 429, "broken-model": 500, "refused-model": 400,
+                "locked-model": 401}
 
 
 def vllm_error(status: int, model: str) -> Response[bytes] | None:

@@ -6,6 +6,7 @@ times aside). The scenarios run in the interpreter that has the library (tests/c
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,11 @@ def run(python: Path, scenario: str, strata: str, direct: str) -> dict[str, Any]
                           env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home()), "NO_PROXY": "*",
                                "LITELLM_LOCAL_MODEL_COST_MAP": "True", "TOKENIZERS_PARALLELISM": "false"})
     assert done.returncode == 0, f"{scenario} failed:\n{done.stderr[-4000:]}"
-    return json.loads(done.stdout.strip().splitlines()[-1])["cases"]
+    cases = json.loads(done.stdout.strip().splitlines()[-1])["cases"]
+    if os.environ.get("STRATA_CLIENT_CASES"):  # a folder to read what each scenario saw
+        Path(os.environ["STRATA_CLIENT_CASES"], f"{python.parent.parent.name}-{scenario}.json").write_text(
+            json.dumps(cases, indent=1))
+    return cases
 
 
 def mismatches(cases: dict[str, Any]) -> list[str]:

@@ -46,6 +46,25 @@ def test_streaming_through_the_sdk_miss_then_hit(strata_e2e: str, vllm: tuple[st
     assert texts[0] and texts[0] == texts[1]
 
 
+def test_the_sdks_stream_helper_accepts_a_hit_as_it_accepts_the_model(
+    strata_e2e: str, vllm: tuple[str, str], redis_sync: redis.Redis
+) -> None:
+    _, model = vllm
+    sdk = openai.OpenAI(base_url=strata_e2e + "/v1", api_key="unused", max_retries=0, default_headers=E2E_USER)
+    finals = []
+    for _ in range(2):  # a miss relayed from vLLM, then a hit replayed by Strata
+        with sdk.chat.completions.stream(model=model, messages=[{"role": "user", "content": "Say hi."}],
+                                         temperature=0, max_tokens=100, stream_options={"include_usage": True}) as stream:
+            for _event in stream:
+                pass
+            finals.append(stream.get_final_completion())
+    miss, hit = finals
+    assert miss.choices[0].message.content and hit.choices[0].message.content == miss.choices[0].message.content
+    assert hit.choices[0].finish_reason == miss.choices[0].finish_reason == "stop"
+    assert hit.usage == miss.usage and miss.usage is not None  # the original counts, as the model reported them
+    assert len(scan(redis_sync, "strata:v1:exact:*")) == 1
+
+
 def test_answers_cut_by_the_clients_limit_are_exact_hits_and_cut_defaults_are_not_cached(
         strata_e2e: str, vllm: tuple[str, str], redis_sync: redis.Redis) -> None:
     _, model = vllm

@@ -112,7 +112,7 @@ def test_upstream_errors_are_not_cached(client: httpx.Client, fake_upstream: Fak
     fake_upstream.status = 500
     failed = client.post("/v1/chat/completions", json=chat("err"))
     # The model server's own error, as it sent it (status, type, message).
-    assert failed.status_code == 500 and failed.json()["error"]["type"] == "server_error"
+    assert failed.status_code == 500 and failed.json()["error"]["type"] == "InternalServerError"
     fake_upstream.status = 400
     rejected = client.post("/v1/chat/completions", json=chat("err"))
     assert rejected.status_code == 400 and "fake upstream failure" in rejected.json()["error"]["message"]

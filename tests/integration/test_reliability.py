@@ -66,9 +66,15 @@ def test_a_failing_leader_shares_its_error_instead_of_a_retry_storm(
     fake_upstream.delay, fake_upstream.status = 0.3, 500
     with serve_strata(strata_settings(redis_url, fake_upstream.url)) as server:
         responses = asyncio.run(burst([server.url], 20, "fails"))
-    assert [r.status_code for r in responses] == [502] * 20
+    assert [r.status_code for r in responses] == [500] * 20  # the model server's own error, shared
     assert len(fake_upstream.calls) == 1
-    assert redis_sync.get("strata:v1:lease:" + "x") is None and not list(scan(redis_sync, "strata:v1:lease:*"))
+    # The lease holds the failure for a moment (other workers' followers share it), then it is gone.
+    leases = list(scan(redis_sync, "strata:v1:lease:*"))
+    assert all(redis_sync.get(k) in (None,) or redis_sync.get(k).startswith(b"failed:") for k in leases)
+    deadline = time.monotonic() + 10
+    while list(scan(redis_sync, "strata:v1:lease:*")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not list(scan(redis_sync, "strata:v1:lease:*"))
 
 
 def test_the_upstream_concurrency_limit_answers_503(redis_url: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream) -> None:

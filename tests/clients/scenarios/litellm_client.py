@@ -41,6 +41,6 @@ def error_of(base: str, model: str, key: str = "sk-test") -> dict:
     return {"class": None}
 
 
-for model in ("missing-model", "limited-model", "broken-model", "refused-model"):
+for model in ("missing-model", "limited-model", "broken-model", "refused-model", "locked-model"):
     cases[f"error_{model}"] = {"hit": clean(error_of(STRATA, model)), "direct": clean(error_of(DIRECT, model))}
 done()

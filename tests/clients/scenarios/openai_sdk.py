@@ -140,7 +140,7 @@ def error_of(sdk: openai.OpenAI, model: str) -> dict:
     return {"class": None}
 
 
-for model in ("missing-model", "limited-model", "broken-model", "refused-model"):
+for model in ("missing-model", "limited-model", "broken-model", "refused-model", "locked-model"):
     cases[f"error_{model}"] = {"miss": error_of(client, model), "hit": error_of(client, model),
                                "direct": error_of(direct, model), "headers": [None, None]}
 done()
