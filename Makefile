@@ -137,6 +137,7 @@ bench: deps
 	@command -v wrk >/dev/null || { [ "$$(id -u)" = 0 ] && (apt-get install -y -qq wrk >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq wrk >/dev/null)); }
 	$(PY) -m bench.run $(BENCH_ARGS)
 	@$(MAKE) --no-print-directory load
+	$(PY) -m bench.faults
 
 load: deps
 	@$(MAKE) --no-print-directory up

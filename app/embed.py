@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import logging
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -38,9 +39,14 @@ class Embedder(Protocol):
     name: str
     dims: int
 
-    async def embed(self, texts: Sequence[str]) -> np.ndarray:
-        """Embed texts; returns a float32 matrix of shape (len(texts), dims), rows L2-normalised."""
+    async def embed(self, texts: Sequence[str], owner: str = "") -> np.ndarray:
+        """Embed texts; returns a float32 matrix of shape (len(texts), dims), rows L2-normalised.
+        ``owner`` (a tenant) is whose share of the model the texts take."""
         ...
+
+
+class EmbedderBusy(Exception):
+    """The embedding queue is full: the lookup gives up at once (a bypass), nothing waits."""
 
 
 def _normalise(matrix: np.ndarray) -> np.ndarray:
@@ -121,11 +127,14 @@ def load_encoder(backend: str, model: str = "") -> Encoder:
 
 
 class BatchingEmbedder:
-    """Runs an encoder on one worker thread, batching the texts of concurrent callers.
+    """Runs an encoder on one worker thread, batching the texts of concurrent callers, fairly.
 
-    A caller's text joins the next batch. While the worker encodes one batch, the texts that
-    arrive meanwhile queue up and go together in the next one; ``window_ms`` optionally waits a
-    little longer for company when the worker is idle. The event loop never runs the model.
+    Texts queue per owner (a tenant); each batch takes them round-robin across owners, up to
+    ``max_batch`` texts and ``max_batch_chars`` characters, so one tenant's backlog cannot delay
+    another's lookups by more than a batch. The queue is bounded (``max_pending`` texts): beyond
+    it ``embed`` raises :class:`EmbedderBusy` at once. A caller that gave up (its lookup timed
+    out, its future cancelled) is dropped before its text reaches the model. ``window_ms``
+    optionally waits a little for company when the worker is idle. The event loop never runs the model.
     """
 
     def __init__(
@@ -134,6 +143,8 @@ class BatchingEmbedder:
         *,
         window_ms: float = 0.0,
         max_batch: int = 64,
+        max_batch_chars: int = 8_000,
+        max_pending: int = 512,
         on_batch: Callable[[int], None] | None = None,
     ) -> None:
         self._encoder = encoder
@@ -141,29 +152,68 @@ class BatchingEmbedder:
         self.dims = encoder.dims
         self._window = window_ms / 1000.0
         self._max_batch = max_batch
+        self._max_batch_chars = max_batch_chars
+        self._max_pending = max_pending
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="strata-embed")
-        self._pending: list[tuple[str, asyncio.Future[np.ndarray]]] = []
+        self._queues: dict[str, deque[tuple[str, asyncio.Future[np.ndarray]]]] = {}
+        self._pending = 0
         self._worker: asyncio.Task[None] | None = None
         self._on_batch = on_batch
 
-    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+    @property
+    def pending(self) -> int:
+        """Texts waiting for the model (callers that gave up included until a batch drops them)."""
+        return self._pending
+
+    async def embed(self, texts: Sequence[str], owner: str = "") -> np.ndarray:
+        if self._pending + len(texts) > self._max_pending:
+            raise EmbedderBusy(f"{self._pending} texts are waiting for the embedding model")
         loop = asyncio.get_running_loop()
         futures = []
+        queue = self._queues.setdefault(owner, deque())
         for text in texts:
             future: asyncio.Future[np.ndarray] = loop.create_future()
-            self._pending.append((text, future))
+            queue.append((text, future))
             futures.append(future)
+        self._pending += len(texts)
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._drain())
         rows = await asyncio.gather(*futures)
         return np.stack(rows) if rows else np.zeros((0, self.dims), dtype=np.float32)
 
+    def _next_batch(self) -> list[tuple[str, asyncio.Future[np.ndarray]]]:
+        """Round-robin over owners: one text each per turn, within the batch's bounds."""
+        batch: list[tuple[str, asyncio.Future[np.ndarray]]] = []
+        chars = 0
+        while self._queues and len(batch) < self._max_batch:
+            took = False
+            for owner in list(self._queues):
+                queue = self._queues[owner]
+                while queue and queue[0][1].done():  # its caller gave up: never embedded
+                    queue.popleft()
+                    self._pending -= 1
+                if not queue:
+                    del self._queues[owner]
+                    continue
+                text = queue[0][0]
+                if batch and (chars + len(text) > self._max_batch_chars or len(batch) >= self._max_batch):
+                    return batch
+                batch.append(queue.popleft())
+                self._pending -= 1
+                chars += len(text)
+                took = True
+            if not took:
+                break
+        return batch
+
     async def _drain(self) -> None:
         loop = asyncio.get_running_loop()
-        while self._pending:
-            if self._window and len(self._pending) < self._max_batch:
+        while self._queues:
+            if self._window and self._pending < self._max_batch:
                 await asyncio.sleep(self._window)
-            batch, self._pending = self._pending[: self._max_batch], self._pending[self._max_batch :]
+            batch = self._next_batch()
+            if not batch:
+                continue
             try:
                 matrix = await loop.run_in_executor(self._executor, self._encoder.encode, [t for t, _ in batch])
             except Exception as exc:  # noqa: BLE001 - the model failed: every waiting caller gets the error

@@ -44,6 +44,12 @@ class InvalidRequest(StrataError):
     status_code = 400
 
 
+class RequestTimeout(StrataError):
+    """The client declared a body and did not send it in time."""
+
+    status_code = 408
+
+
 class Unauthorized(StrataError):
     status_code = 401
     error_type = "authentication_error"

@@ -128,7 +128,8 @@ async def build_resources(settings: Settings, encoder: Encoder | None = None) ->
             metrics.embed_texts.inc(size)
 
         embedder = BatchingEmbedder(
-            encoder, window_ms=options.embed_batch_window_ms, max_batch=options.embed_max_batch, on_batch=count_batch
+            encoder, window_ms=options.embed_batch_window_ms, max_batch=options.embed_max_batch,
+            max_batch_chars=options.embed_max_batch_chars, max_pending=options.embed_max_pending, on_batch=count_batch,
         )
         verifier = load_verifier(settings)
         judge = AnswerJudge(upstream, options.judge_timeout_s, options.judge_model)
@@ -161,7 +162,8 @@ def cache_parts(settings: Settings, policy: Policy, buckets: Buckets, upstream: 
         if parts is not None:
             semantic = SemanticCache(redis, parts.embedder, settings.resolve(options.index_schema), parts.check,
                                      learning_refresh_s=options.learning_refresh_s, keys=keys,
-                                     pool_sources=[(b.redis, b.keys) for b in buckets.all])
+                                     pool_sources=[(b.redis, b.keys) for b in buckets.all],
+                                     max_question_chars=options.semantic_max_question_chars)
             layers.append(semantic)
             learner = AnswerLearner(redis, parts.embedder, parts.verifier.analyzer, judge=parts.judge,
                                     documents_of=semantic.documents_of, keys=keys)

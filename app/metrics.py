@@ -48,6 +48,8 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         # Without tenant labels every tenant's series is one (``tenant="-"``): a scrape names no tenant.
         self._tenant_labels = tenant_labels
+        # The latest failed cache write (when, what) until a write succeeds: /health reports it.
+        self.write_failure: tuple[float, str] | None = None
         # Requests per category and outcome, added to Redis every few seconds (strata cache stats).
         self.usage = UsageCounts()
         r = self.registry
@@ -111,6 +113,11 @@ class Metrics:
             "its upper confidence bound (upper_bound) and the category's error bound (bound)",
             ["category", "value"], registry=r, multiprocess_mode="mostrecent",
         )
+        self.writes_failing = Gauge(
+            "strata_cache_writes_failing",
+            "1 while the cache's latest write failed and none has succeeded since (Redis full, read-only, ...)",
+            registry=r, multiprocess_mode="max",
+        )
         self.learned_max_tokens = Gauge(
             "strata_learned_max_tokens", "L4: the max_tokens learnt per category for requests that name none",
             ["category"], registry=r, multiprocess_mode="mostrecent",
@@ -157,6 +164,22 @@ class Metrics:
         """A cache operation failed: logged and counted; the caller treats it as a miss."""
         logger.warning("cache %s %s failed, treated as a miss: %r", layer, operation, exc)
         self.cache_errors.labels(layer, operation).inc()
+        if operation == "store":
+            self.write_failure = (time.monotonic(), f"{layer}: {exc!r}"[:300])
+            self.writes_failing.set(1)
+
+    def stored(self, layer: str) -> None:
+        """An answer was written to a layer: writes work (again)."""
+        self.stores.labels(layer, "stored").inc()
+        if self.write_failure is not None:
+            self.write_failure = None
+            self.writes_failing.set(0)
+
+    def failing_writes(self, within_s: float = 300.0) -> str | None:
+        """The latest write failure, when no write has succeeded since and it is recent."""
+        if self.write_failure is None or time.monotonic() - self.write_failure[0] > within_s:
+            return None
+        return self.write_failure[1]
 
     def verdict(self, verdict: Any) -> None:
         """Count one verification verdict (``accepted``, ``reason``)."""

@@ -150,6 +150,9 @@ class Relay:
         except StrataError:
             self._failed(exchange)
             raise
+        if first is None:  # a stream of nothing is no answer: say so with a real status
+            self._failed(exchange)
+            raise UpstreamUnavailable("the model server's stream carried no chunk")
         return ChatResult(
             outcome=exchange.outcome,
             headers=_headers(exchange),
@@ -175,6 +178,13 @@ class Relay:
                 # Headers are gone already: report in-band, as OpenAI does, and store nothing.
                 self._failed(exchange)
                 detail = ErrorDetail(message=exc.message, type=exc.error_type, code=exc.code)
+                yield sse_event(json_encoder.encode(ErrorResponse(error=detail)))
+                return
+            if not assembler.finished:
+                # Every choice must end with a finish reason: a stream cut short is no answer.
+                self._failed(exchange)
+                error = UpstreamUnavailable("the model server's stream ended before every choice finished")
+                detail = ErrorDetail(message=error.message, type=error.error_type, code=error.code)
                 yield sse_event(json_encoder.encode(ErrorResponse(error=detail)))
                 return
             completion = assembler.completion()

@@ -74,6 +74,13 @@ class SemanticSettings(msgspec.Struct, frozen=True, kw_only=True):
     # lookup does not wait (measured in docs/BENCHMARKS.md: no throughput lost at concurrency 16).
     embed_batch_window_ms: float = field(default=0.0, name="embed_batch_window_ms")
     embed_max_batch: int = field(default=64, name="embed_max_batch")
+    # Texts (and characters) one batch takes, and texts waiting per worker before lookups give up
+    # at once: the model's time is shared fairly between tenants (app/embed.py).
+    embed_max_batch_chars: int = field(default=8_000, name="embed_max_batch_chars")
+    embed_max_pending: int = field(default=512, name="embed_max_pending")
+    # Longer questions are served by the exact layer only: embedding costs about 30 us a Chinese
+    # character (bench/embed_cost.py), and a long text is rarely asked again in other words.
+    semantic_max_question_chars: int = field(default=1_000, name="semantic_max_question_chars")
     verification_lexicon: str = field(default="schemas/verification.yaml", name="verification_lexicon")
     # The learned verifier of borderline semantic candidates; empty: none (the band never serves).
     verifier_artifact: str = field(default="schemas/verifier.json", name="verifier_artifact")
@@ -93,6 +100,9 @@ class LimitSettings(msgspec.Struct, frozen=True, kw_only=True):
     default_max_tokens: int = field(default=256, name="default_max_tokens")
     max_tokens_cap: int = field(default=1024, name="max_tokens_cap")
     max_body_bytes: int = field(default=1_048_576, name="max_body_bytes")
+    # A request body must arrive within this (408 otherwise), and nest at most max_json_depth deep.
+    body_timeout_s: float = field(default=10.0, name="body_timeout_s")
+    max_json_depth: int = field(default=64, name="max_json_depth")
     max_messages: int = field(default=256, name="max_messages")
     max_content_chars: int = field(default=65_536, name="max_content_chars")
     tenant_rps: float = field(default=0.0, name="tenant_rps")  # 0: no limit

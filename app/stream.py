@@ -222,6 +222,11 @@ class StreamAssembler:
             parts.arguments.setdefault(index, []).append(function["arguments"])
 
     @property
+    def finished(self) -> bool:
+        """Every choice reached a finish reason (whatever it was)."""
+        return bool(self._choices) and all(p.finish is not None for p in self._choices.values())
+
+    @property
     def complete(self) -> bool:
         """Every choice finished, with ``stop`` or a call of tools: a whole answer."""
         return bool(self._choices) and all(p.finish in ("stop", "tool_calls") for p in self._choices.values())

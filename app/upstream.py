@@ -52,6 +52,19 @@ def _as_openai_error(status: int, content: bytes) -> bytes:
     return json_encoder.encode({"error": {"message": message, "type": kind, "param": None, "code": "upstream_error"}})
 
 
+# SSE lines other than data: comments and the event, id and retry fields.
+_SSE_OTHER_FIELDS = (":", "event:", "id:", "retry:")
+
+
+def _choices_of(decoded: Any, part: str) -> bool:
+    """A completion with a non-empty list of choices, each an object with its ``part`` (chat:
+    ``message``, an object; legacy: ``text``, a string)."""
+    choices = decoded.get("choices") if isinstance(decoded, dict) else None
+    kind = dict if part == "message" else str
+    return isinstance(choices, list) and bool(choices) and all(
+        isinstance(c, dict) and isinstance(c.get(part), kind) for c in choices)
+
+
 def _translate(exc: openai.OpenAIError) -> StrataError:
     """Map an SDK error to the error Strata answers with."""
     if isinstance(exc, openai.APITimeoutError):
@@ -171,8 +184,12 @@ class Upstream:
         except ValueError as exc:
             raise UpstreamUnavailable("the model server sent a malformed completion") from exc
         if legacy:
+            if not _choices_of(decoded, "text"):
+                raise UpstreamUnavailable("the model server sent a completion without choices")
             decoded = legacy_as_chat(decoded)
             content = json_encoder.encode(decoded)
+        elif not _choices_of(decoded, "message"):
+            raise UpstreamUnavailable("the model server sent a completion without valid choices")
         return content, decoded
 
     @staticmethod
@@ -199,11 +216,14 @@ class Upstream:
             ) as response:
                 async for line in response.http_response.aiter_lines():
                     if not line.startswith("data:"):
+                        if line.strip() and not line.startswith(_SSE_OTHER_FIELDS):
+                            raise UpstreamUnavailable(f"the model server sent a malformed stream line: {line[:80]!r}")
                         continue
                     payload = line[5:].strip().encode()
                     if payload == SSE_DONE:
                         return
                     yield payload
+            raise UpstreamUnavailable("the model server's stream ended before [DONE]")
         except openai.OpenAIError as exc:
             raise _translate(exc) from exc
         except _http.TimeoutException as exc:

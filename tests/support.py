@@ -164,6 +164,10 @@ class FakeUpstream:
     embedding_calls: list[dict[str, Any]] = field(default_factory=list)
     other_calls: list[tuple[str, str, bytes]] = field(default_factory=list)
     tool_calls: bool = False
+    # Faults: a stream of lines that are not SSE, a 200 body as given, a pause between chunks.
+    garbage_stream: bool = False
+    bad_body: bytes | None = None
+    chunk_delay: float = 0.0
 
     def reset(self) -> None:
         self.calls.clear()
@@ -174,6 +178,7 @@ class FakeUpstream:
         self.malformed_chunk = False
         self.judge_reply, self.judge_delay = "yes", 0.0
         self.tool_calls = False
+        self.garbage_stream, self.bad_body, self.chunk_delay = False, None, 0.0
         self.judge_calls.clear()
         self.answers.clear()
 
@@ -206,6 +211,13 @@ class FakeUpstream:
             failure = vllm_error(upstream.status, str(body.get("model", "")))
             if failure is not None:
                 return failure
+            if upstream.garbage_stream and body.get("stream"):
+                async def garbage() -> Any:
+                    yield b"this is not a server-sent event\n\n"
+                    yield b"<html>upstream proxy error</html>\n"
+                return Stream(garbage(), media_type="text/event-stream")
+            if upstream.bad_body is not None and not body.get("stream"):
+                return Response(upstream.bad_body, media_type="application/json")
             identity = {"id": f"chatcmpl-fake{len(upstream.calls)}", "created": 1700000000, "model": body["model"]}
             choices = [upstream.choice(body, index) for index in range((body.get("n") or 1))]
             usage = {"prompt_tokens": 7, "completion_tokens": 5 * len(choices), "total_tokens": 7 + 5 * len(choices)}
@@ -332,6 +344,10 @@ class FakeUpstream:
             chunk = {**identity, "object": "chat.completion.chunk", "choices": choice_list, **extra}
             return b"data: " + msgspec.json.encode(chunk) + b"\n\n"
 
+        async def pause() -> None:
+            if self.chunk_delay:
+                await asyncio.sleep(self.chunk_delay)
+
         def delta(index: int, fields: dict[str, Any], logprobs: Any = None, finish: str | None = None) -> dict[str, Any]:
             return {"index": index, "delta": fields, "logprobs": logprobs, "finish_reason": finish}
 
@@ -355,6 +371,7 @@ class FakeUpstream:
                 for number, piece in enumerate((content[:half], content[half:])):
                     logprobs = {"content": halves[number], "refusal": None} if tokens else None
                     yield event([delta(index, {"content": piece}, logprobs)])
+                    await pause()
                     if number == 0 and self.fail_mid_stream:
                         raise RuntimeError("fake upstream broke mid-stream")
                     if number == 0 and self.malformed_chunk:

@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 from litestar import Controller, Request, get, post
 
+from app.api.protocol import read_body
 from app.cache.base import CACHE_ERRORS
 from app.cache.invalidation import Invalidation, InvalidationError, NothingThere
 from app.errors import CacheUnavailable, Forbidden, InvalidRequest, NotFound, Unauthorized
@@ -50,7 +51,7 @@ class AdminController(Controller):
         Unreachable entries are deleted in the background; each call is audited.
         """
         require_admin(request, resources)
-        body = await request.body()
+        body = await read_body(request, resources.settings.limits.body_timeout_s)
         try:
             what = _invalidation_decoder.decode(body) if body.strip() else Invalidation()
         except msgspec.DecodeError as exc:

@@ -8,7 +8,7 @@ from typing import Any
 from litestar import Controller, Request, Response, get, post
 from litestar.response import Stream
 
-from app.api.protocol import USER_HEADER, cache_mode, cache_user, parse_chat_request, system_prompt
+from app.api.protocol import USER_HEADER, cache_mode, cache_user, parse_chat_request, read_body, system_prompt
 from app.auth import Caller
 from app.cache.layered import CacheMode
 from app.chat import ChatCall
@@ -95,7 +95,8 @@ class ChatController(Controller):
         resources.rate_limiter.admit(caller.tenant)
         limits = resources.settings.limits
         chat_request, raw = parse_chat_request(
-            await request.body(), max_messages=limits.max_messages, max_content_chars=limits.max_content_chars
+            await read_body(request, limits.body_timeout_s), max_messages=limits.max_messages,
+            max_content_chars=limits.max_content_chars, max_depth=limits.max_json_depth,
         )
         call = chat_call(request, resources, caller, chat_request, raw)
         if resources.hygiene is not None:

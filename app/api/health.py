@@ -58,8 +58,13 @@ class HealthController(Controller):
                 redis["version"] = resources.versions.known
             except CACHE_ERRORS as exc:
                 redis = {"status": "down", "error": repr(exc)}
+        failing = resources.metrics.failing_writes()
+        if failing is not None and redis["status"] == "ok":
+            # Redis answers but refuses writes (full with noeviction, read-only replica, ...):
+            # nothing new is cached, which the operator must hear about.
+            redis.update(status="writes_failing", error=failing)
         up, error = await resources.upstream.healthy()
-        resources.metrics.dependency_up.labels("redis").set(1 if redis["status"] == "ok" else 0)
+        resources.metrics.dependency_up.labels("redis").set(1 if redis["status"] in ("ok", "writes_failing") else 0)
         resources.metrics.dependency_up.labels("upstream").set(1 if up else 0)
         return redis, up, error
 

@@ -9,7 +9,7 @@ from litestar import Controller, Request, Response, post, route
 from litestar.response import Stream
 
 from app.api.chat import chat_call
-from app.api.protocol import completion_as_chat, parse_view
+from app.api.protocol import check_tool_fields, completion_as_chat, parse_view, read_body
 from app.cache.base import CACHE_ERRORS
 from app.cache.embeddings import embeddings_digest
 from app.errors import StrataError
@@ -39,8 +39,10 @@ class OpenAISurfaceController(Controller):
         (exact and semantic on the prompt); anything else, streaming included, is passed through."""
         caller = resources.tenants.caller(request.headers.get("authorization"))
         resources.rate_limiter.admit(caller.tenant)
-        body = await request.body()
-        legacy, raw = parse_view(body, CompletionRequest)
+        limits = resources.settings.limits
+        body = await read_body(request, limits.body_timeout_s)
+        legacy, raw = parse_view(body, CompletionRequest, limits.max_json_depth)
+        check_tool_fields(raw)
         if not legacy.cacheable:
             return await passthrough(request, resources, "completions", body)
         chat, chat_raw = completion_as_chat(legacy, raw)
@@ -56,7 +58,8 @@ class OpenAISurfaceController(Controller):
         with the same options gets the stored vectors."""
         tenant = resources.tenants.tenant(request.headers.get("authorization"))
         resources.rate_limiter.admit(tenant)
-        embedding, raw = parse_view(await request.body(), EmbeddingRequest)
+        limits = resources.settings.limits
+        embedding, raw = parse_view(await read_body(request, limits.body_timeout_s), EmbeddingRequest, limits.max_json_depth)
         counter = resources.metrics.embedding_requests
         cache, key = resources.embeddings, None
         if cache is not None and request.headers.get("cache-control", "").lower() != "no-store":
@@ -86,4 +89,5 @@ class OpenAISurfaceController(Controller):
     async def other(self, request: Request, resources: Resources, path: str) -> Response[bytes] | Stream:
         """Any other path under ``/v1/``: passed through to the upstream untouched, never cached."""
         resources.tenants.tenant(request.headers.get("authorization"))
-        return await passthrough(request, resources, path.lstrip("/"), await request.body())
+        body = await read_body(request, resources.settings.limits.body_timeout_s)
+        return await passthrough(request, resources, path.lstrip("/"), body)

@@ -27,6 +27,12 @@ from app.policy import CategoryPolicy
 from app.wire import decode_completion
 
 
+def _says_something(choice: dict[str, Any]) -> bool:
+    message = choice.get("message") or {}
+    return bool((message.get("content") or "").strip() or message.get("tool_calls") or message.get("refusal")
+                or message.get("function_call"))
+
+
 class CacheMode(StrEnum):
     """What a request may do with the cache."""
 
@@ -243,6 +249,9 @@ class LayeredCache:
         if not complete and not truncated:
             self._skip_store("skipped_incomplete")
             return
+        if not any(_says_something(c) for c in completion.get("choices") or []):
+            self._skip_store("skipped_empty")  # an empty answer is a model's failure, not an answer to keep
+            return
         # The answer took seconds to generate: if the cache was invalidated meanwhile, it was
         # generated for a world that no longer holds. Each layer's write checks the version and
         # the generation in the same script (app/cache/entry.py) and writes nothing if either moved.
@@ -272,7 +281,7 @@ class LayeredCache:
         except CACHE_ERRORS as exc:
             self._metrics.cache_failed(layer.name, "store", exc)
             return True
-        self._metrics.stores.labels(layer.name, "stored").inc()
+        self._metrics.stored(layer.name)
         return True
 
     def _learn(self, query: CacheQuery, candidate: Candidate, answer: bytes) -> None:

@@ -385,7 +385,8 @@ class AnswerLearner:
                     continue
             undecided.append((i, other))
         if undecided:
-            vectors = await self._embedder.embed([text] + [other for _, other in undecided])
+            # Learning takes one share of the model, beside each tenant's lookups (app/embed.py).
+            vectors = await self._embedder.embed([text] + [other for _, other in undecided], owner="learning")
             for (i, _), vector in zip(undecided, vectors[1:], strict=True):
                 verdicts[i] = float(vectors[0] @ vector) >= policy.answer_threshold
         return [bool(v) for v in verdicts]

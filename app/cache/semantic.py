@@ -67,6 +67,8 @@ DISTANCE_FIELD = "vector_distance"
 # Candidates compared per lookup: the best one that passes verification is served. Adaptive
 # categories look at more, to find the nearest document serving another answer (the margin).
 CANDIDATES = 3
+# The verdict counted for a question longer than the semantic layer takes.
+QUESTION_TOO_LONG = "question_too_long"
 ADAPTIVE_CANDIDATES = 8
 # Other entries of model answers among those, handed to the learner with a candidate: the
 # nearest few are where a second entry of the same answer would be.
@@ -89,7 +91,7 @@ class SemanticCache:
     def __init__(
         self, redis: Redis, embedder: Embedder, schema_path: Path, check: CandidateCheck | None = None, *,
         memo_size: int = 4096, learning_refresh_s: float = 1.0, keys: Keyspace = KEYS,
-        pool_sources: Sequence[tuple[Redis, Keyspace]] = (),
+        pool_sources: Sequence[tuple[Redis, Keyspace]] = (), max_question_chars: int = 1_000,
     ) -> None:
         self._redis = redis
         self.keys = keys
@@ -109,6 +111,7 @@ class SemanticCache:
         # another had asked the same question, telling it what the other asks.
         self._memo: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
         self._memo_size = memo_size
+        self._max_question_chars = max_question_chars
 
     @property
     def embedder(self) -> Embedder:
@@ -152,7 +155,7 @@ class SemanticCache:
             self._memo.move_to_end(memo_key)
             return cached
         try:
-            vector = (await self._embedder.embed([question]))[0]
+            vector = (await self._embedder.embed([question], owner=tenant))[0]
         except Exception as exc:  # any model failure becomes a cache failure, never a 500
             raise EmbeddingFailed(f"{self._embedder.name}: {exc!r}") from exc
         self._memo[memo_key] = vector
@@ -187,9 +190,16 @@ class SemanticCache:
         # RediSearch's cosine distance is 1 - cosine similarity.
         return [(row["id"], 1.0 - float(row[DISTANCE_FIELD]), row) for row in rows]
 
+    def serves(self, question: str | None, policy: SemanticPolicy) -> bool:
+        """Whether this layer looks up and stores the question: a text of at most the configured
+        length, in a category whose semantic layer is on."""
+        return question is not None and policy.enabled and len(question) <= self._max_question_chars
+
     async def lookup(self, query: CacheQuery) -> CacheHit | Candidate | None:
         question, policy = query.canonical.question, query.category.semantic
-        if question is None or not policy.enabled:
+        if question is not None and policy.enabled and len(question) > self._max_question_chars:
+            self._check.held(QUESTION_TOO_LONG)  # counted; the exact layer still serves it
+        if question is None or not self.serves(question, policy):
             return None
         vector = await self.vector(question, query.canonical.tenant)
         if policy.adaptive:
@@ -309,7 +319,7 @@ class SemanticCache:
 
     async def store(self, query: CacheQuery, completion: bytes) -> None:
         canonical, policy = query.canonical, query.category.semantic
-        if canonical.question is None or not policy.enabled:
+        if canonical.question is None or not self.serves(canonical.question, policy):
             return
         if not policy.tool_calls and calls_tools(completion):
             return  # an action is served only to the request it was made for (the exact layer)
