@@ -17,7 +17,7 @@ import redis
 
 from app.auth import add_key
 from tests.integration.conftest import ADMIN_TOKEN, strata_settings
-from tests.integration.test_learning import eventually, pool_counts
+from tests.integration.test_learning import eventually
 from tests.support import MODEL, FakeUpstream, ask, free_port, serve_process, serve_strata
 
 MINE = {"X-Cache-Category": "mine"}  # scope: user (tests/fixtures/policy.yaml)
@@ -238,15 +238,20 @@ WEATHER_TOOL = [{"type": "function", "function": {"name": "get_weather", "parame
 NAMED = {"tools": WEATHER_TOOL, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
 
 
+@pytest.mark.parametrize(("question", "others"), [
+    ("What is the weather in Paris right now?", ("What's the weather in Paris right now?", "What is the weather in Lyon right now?")),
+    ("巴黎现在天气怎么样", ("巴黎现在的天气怎么样", "里昂现在天气怎么样")),
+])
 def test_tool_calls_are_served_only_to_the_identical_request(strata: str, fake_upstream: FakeUpstream,
-                                                             redis_sync: redis.Redis, keys: Keys) -> None:
+                                                             redis_sync: redis.Redis, keys: Keys,
+                                                             question: str, others: tuple[str, str]) -> None:
     fake_upstream.tool_calls = True
-    first = ask(strata, "What is the weather in Paris right now?", key=keys.acme, headers=GENERAL, **NAMED)
+    first = ask(strata, question, key=keys.acme, headers=GENERAL, **NAMED)
     assert outcome(first) == "miss" and first.json()["choices"][0]["message"]["tool_calls"]
-    repeat = ask(strata, "What is the weather in Paris right now?", key=keys.acme, headers=GENERAL, **NAMED)
+    repeat = ask(strata, question, key=keys.acme, headers=GENERAL, **NAMED)
     assert outcome(repeat) == "exact-hit"
     assert repeat.json()["choices"][0]["message"]["tool_calls"] == first.json()["choices"][0]["message"]["tool_calls"]
-    for other in ("What's the weather in Paris right now?", "What is the weather in Lyon right now?"):
+    for other in others:
         response = ask(strata, other, key=keys.acme, headers=GENERAL, **NAMED)
         assert outcome(response) == "miss"
         assert other in response.json()["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
