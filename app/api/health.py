@@ -9,7 +9,6 @@ from typing import Any
 from litestar import Controller, Request, Response, get
 
 from app.cache.base import CACHE_ERRORS
-from app.cache.learning import wilson_upper, z_of
 from app.errors import Unauthorized
 from app.lifespan import Resources
 from app.metrics import CONTENT_TYPE
@@ -29,7 +28,7 @@ class HealthController(Controller):
                                             "hit_tokens": cache.hits, "metrics": list(cache.names)}
         status = "ok" if redis["status"] == "ok" and up else "degraded"
         body: dict[str, Any] = {"status": status, "redis": redis, "upstream": upstream}
-        if redis["status"] == "ok" and resources.semantic is not None:
+        if redis["status"] == "ok" and resources.cache.semantic is not None:
             body["semantic"], warnings = await self._live_precision(resources)
             if warnings:
                 body["warnings"] = warnings
@@ -39,23 +38,23 @@ class HealthController(Controller):
     async def _dependencies(resources: Resources) -> tuple[dict[str, Any], bool, str | None]:
         """Redis's state, and whether the upstream answers (also set on ``strata_dependency_up``)."""
         redis: dict[str, Any] = {"status": "ok"}
-        if resources.buckets.clustered and not resources.buckets.all:
+        if resources.cache.buckets.clustered and not resources.cache.buckets.all:
             redis = {"status": "down", "error": "the Redis Cluster has not answered since start-up"}
-        elif resources.buckets.clustered:
+        elif resources.cache.buckets.clustered:
             # On a cluster each bucket is served by its own master: one that does not answer
             # turns its tenants' requests into bypasses, so it is named here.
-            buckets = resources.buckets.all
+            buckets = resources.cache.buckets.all
             pings = await asyncio.gather(*(bucket.redis.ping() for bucket in buckets), return_exceptions=True)
             down = [f"{b.keys.namespace}@{b.address}" for b, ping in zip(buckets, pings, strict=True)
                     if isinstance(ping, BaseException)]
-            redis.update(version=resources.versions.known, buckets=len(buckets),
+            redis.update(version=resources.cache.known_version, buckets=len(buckets),
                          masters=len({b.address for b in buckets}))
             if down:
                 redis.update(status="down", buckets_down=down)
         else:
             try:
-                await resources.redis.ping()
-                redis["version"] = resources.versions.known
+                await resources.cache.buckets.all[0].redis.ping()
+                redis["version"] = resources.cache.known_version
             except CACHE_ERRORS as exc:
                 redis = {"status": "down", "error": repr(exc)}
         failing = resources.metrics.failing_writes()
@@ -72,8 +71,8 @@ class HealthController(Controller):
     async def _live_precision(resources: Resources) -> tuple[dict[str, Any], list[str]]:
         """Per adaptive category: the explored would-be hits (sent upstream anyway) estimate the
         error of served hits; a warning when its upper bound passes the category's bound."""
-        assert resources.semantic is not None
-        tag = resources.versions.known
+        assert resources.cache.semantic is not None
+        tag = resources.cache.known_version
         report: dict[str, Any] = {}
         warnings: list[str] = []
         for name, category in sorted(resources.policy.categories.items()):
@@ -81,33 +80,27 @@ class HealthController(Controller):
             if not policy.enabled or policy.error_bound is None or tag is None:
                 continue
             try:
-                counts = await resources.semantic.pooled.counts(tag, name)
+                figures = await resources.cache.semantic.adaptive.precision(tag, name, policy)
             except CACHE_ERRORS:
                 continue
-            explored = counts.explored_ok + counts.explored_wrong
-            upper = wilson_upper(counts.explored_wrong, explored, z_of(policy.confidence))
-            wrong, total = counts.at_or_above(0)
             gauge = resources.metrics.semantic_error
-            gauge.labels(name, "bound").set(policy.error_bound)
-            gauge.labels(name, "estimate").set(counts.explored_wrong / explored if explored else 0.0)
-            gauge.labels(name, "upper_bound").set(upper if explored else 1.0)
+            gauge.labels(name, "bound").set(figures.error_bound)
+            gauge.labels(name, "estimate").set(figures.error_estimate or 0.0)
+            upper = figures.error_upper_bound
+            gauge.labels(name, "upper_bound").set(1.0 if upper is None else upper)
             report[name] = {
-                "error_bound": policy.error_bound, "observations": total, "observed_wrong": wrong,
-                "explored": explored, "explored_wrong": counts.explored_wrong,
-                "error_estimate": counts.explored_wrong / explored if explored else None,
-                "error_upper_bound": upper if explored else None,
+                "error_bound": figures.error_bound, "observations": figures.observations,
+                "observed_wrong": figures.observed_wrong, "explored": figures.explored,
+                "explored_wrong": figures.explored_wrong, "error_estimate": figures.error_estimate,
+                "error_upper_bound": upper, "status": figures.status,
             }
-            # Below 1/bound explored hits even a clean record cannot show the bound holds: say so
-            # instead of warning on every fresh deployment.
-            enough = explored >= 1 / policy.error_bound
-            report[name]["status"] = "too_few_explored" if not enough else "above_bound" if upper > policy.error_bound else "within_bound"
-            if enough and upper > policy.error_bound:
+            if figures.status == "above_bound":
                 warnings.append(f"category {name}: served semantic hits may be wrong more often than "
-                                f"{policy.error_bound:g} (upper bound {upper:.3f} from {explored} explored hits)")
+                                f"{figures.error_bound:g} (upper bound {upper:.3f} from {figures.explored} explored hits)")
         return report, warnings
 
     @get("/metrics")
-    async def metrics(self, request: Request, resources: Resources) -> Response[bytes]:
+    async def metrics(self, request: Request[Any, Any, Any], resources: Resources) -> Response[bytes]:
         """Prometheus text exposition; the dependencies' state, the model server's prefix-cache
         figures and the adaptive categories' live precision are read on the way. Behind
         ``STRATA_METRICS_TOKEN`` when it is set."""
@@ -119,7 +112,7 @@ class HealthController(Controller):
                                    code="invalid_metrics_token")
         redis, _, _ = await self._dependencies(resources)
         await self._prefix_cache(resources)
-        if redis["status"] == "ok" and resources.semantic is not None:
+        if redis["status"] == "ok" and resources.cache.semantic is not None:
             await self._live_precision(resources)
         return Response(content=resources.metrics.render(), media_type=CONTENT_TYPE)
 

@@ -3,9 +3,11 @@ they exchange, and the exceptions they may raise."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import msgspec
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 from redisvl.exceptions import RedisVLError
 
@@ -14,8 +16,13 @@ from app.cache.version import StaleScope, StaleVersion
 from app.policy import CategoryPolicy, SemanticPolicy
 
 __all__ = [
-    "CACHE_ERRORS", "CacheHit", "CacheLayer", "CacheQuery", "Candidate", "CorruptEntry", "EmbeddingFailed", "StaleScope", "StaleVersion", "Verdict", "Verifier",
+    "CACHE_ERRORS", "CacheHit", "CacheLayer", "CacheQuery", "Candidate", "CorruptEntry", "EmbeddingFailed", "Nearest",
+    "SharedRedis", "StaleScope", "StaleVersion", "Verdict", "Verifier",
 ]
+
+# The client of keys outside any bucket (leases, usage, L4's statistics, the audit stream): the
+# one Redis, or on a cluster the cluster client, which routes each key to its slot's master.
+SharedRedis = Redis | RedisCluster
 
 
 class EmbeddingFailed(Exception):
@@ -81,6 +88,20 @@ class CacheHit(msgspec.Struct, frozen=True, kw_only=True):
     decoded: dict[str, Any] | None = None
     source: str = "model"
     key: str | None = None
+
+
+class Nearest(NamedTuple):
+    """One row of a KNN query: a cached document, most similar first.
+
+    Attributes:
+        key: The document (an entry or an alias).
+        similarity: Its cosine similarity to the asked question.
+        fields: Its returned fields (question, answer, root, wrong_above, source), as Redis gave them.
+    """
+
+    key: str
+    similarity: float
+    fields: dict[str, Any]
 
 
 class Neighbour(msgspec.Struct, frozen=True, kw_only=True):

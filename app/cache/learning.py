@@ -1,4 +1,4 @@
-"""Semantic hits learnt from the deployment's own traffic, under an error bound (issue #10).
+"""The observer of the adaptive decision: what each answered miss teaches (issue #10).
 
 Every miss is answered by the model anyway, so the answer the nearest cached question *would*
 have served can be compared with the fresh one, for free. That comparison is an observation:
@@ -7,13 +7,7 @@ counted atomically in Redis, on the candidate's document and pooled per category
 every worker and every Strata instance learns together (``redis-cli HGETALL strata:v1:obs:faq:<tenant>``),
 and one tenant's traffic never moves what another tenant is served.
 
-The decision (:func:`within_bound`): a candidate with score ``x`` is served when, among the
-category's observations with a score of at least ``x`` (the hits a threshold at ``x`` would
-serve), the Wilson upper bound of the wrong share at the category's confidence is at most
-``semantic.error_bound``; and never when its own document has a wrong observation at a
-similarity of at least its own. The score is the similarity plus half the margin over the
-nearest document of another answer (see :func:`decision_score`): a question close to a cluster
-of equivalent questions and far from any other answer is safer than its similarity alone says.
+The decision that reads these observations back is app/cache/adaptive.py.
 
 When the fresh answer is equivalent to the candidate's, the new question becomes an alias of
 the candidate's entry: its own vector in the index, the entry's answer and expiry, so the next
@@ -27,16 +21,10 @@ answer no longer stand in each other's way, and one entry collects all its confi
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import math
-import time
-from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
-from statistics import NormalDist
+from collections.abc import Awaitable, Callable
 
 import msgspec
-import numpy as np
 from redis.asyncio import Redis
 
 from app.cache.base import CacheQuery, Candidate
@@ -69,14 +57,8 @@ from app.wire import decode_completion
 
 logger = logging.getLogger("strata.learning")
 
-# Score bins are hundredths; a score stays below 1.5 (similarity <= 1, half a margin <= 0.5).
-BINS = 160
-MARGIN_WEIGHT = 0.5
 # Pooled observations live as long as a month without a new one (they are kept fresh by use).
 POOLED_TTL_S = 30 * 86400
-# How long a worker reuses the pooled counts it read: the hit path costs no extra round trip
-# per request, and other workers' observations arrive within this delay.
-POOLED_REFRESH_S = 1.0
 
 # Counts one observation on the document (only if it still exists: a miss must never create a
 # key without TTL), in the tenant's pool of the category and in the category's figures; a wrong one
@@ -167,136 +149,6 @@ for i = 3, #KEYS do
 end
 return 1
 """
-
-
-def decision_score(similarity: float, other_answer_similarity: float | None, floor: float) -> float:
-    """Similarity plus half its margin over the nearest document serving another answer (the
-    band's floor when none is among the candidates)."""
-    nearest_other = floor if other_answer_similarity is None else max(other_answer_similarity, floor)
-    return similarity + MARGIN_WEIGHT * max(0.0, similarity - nearest_other)
-
-
-def score_bin(score: float) -> int:
-    return max(0, min(BINS - 1, int(score * 100)))
-
-
-def wilson_interval(wrong: float, total: float, z: float) -> tuple[float, float]:
-    """Wilson bounds of a wrong share, ``z`` standard errors either side; (0, 1) with no observations."""
-    if total <= 0:
-        return 0.0, 1.0
-    p = wrong / total
-    centre = p + z * z / (2 * total)
-    spread = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total))
-    scale = 1 + z * z / total
-    return max(0.0, (centre - spread) / scale), min(1.0, (centre + spread) / scale)
-
-
-def wilson_upper(wrong: float, total: float, z: float) -> float:
-    return wilson_interval(wrong, total, z)[1]
-
-
-def z_of(confidence: float) -> float:
-    """One-sided z of a confidence level (0.85 -> 1.04)."""
-    return NormalDist().inv_cdf(confidence)
-
-
-class PooledCounts:
-    """A category's pooled observations as suffix sums: ``ok[b]`` is the number of equivalent
-    observations with a score bin of at least ``b``."""
-
-    def __init__(self, fields: dict[str, int]) -> None:
-        ok, wrong = np.zeros(BINS + 1), np.zeros(BINS + 1)
-        for name, count in fields.items():
-            kind, _, number = name.partition(":")
-            if number.isdigit() and int(number) < BINS:
-                (ok if kind == OBS_OK else wrong if kind == OBS_WRONG else np.zeros(BINS + 1))[int(number)] += count
-        self.ok = np.cumsum(ok[::-1])[::-1]
-        self.wrong = np.cumsum(wrong[::-1])[::-1]
-        self.explored_ok = fields.get(OBS_EXPLORED_OK, 0)
-        self.explored_wrong = fields.get(OBS_EXPLORED_WRONG, 0)
-
-    def at_or_above(self, bin_: int) -> tuple[int, int]:
-        """(wrong, total) of the observations at this score bin or higher."""
-        wrong = int(self.wrong[bin_])
-        return wrong, wrong + int(self.ok[bin_])
-
-
-class PooledObservations:
-    """Reads pooled counts per (version, category, tenant), reusing them for ``POOLED_REFRESH_S``.
-
-    Args:
-        redis: The Redis of the keyspace.
-        refresh_s: How long counts read are reused.
-        keys: The keyspace.
-        sources: Every (Redis, keyspace) whose counts make up the pool, summed: on a cluster each
-            bucket counts the observations of its own entries, and the category's prior is all of
-            them. Only this keyspace's when empty.
-    """
-
-    def __init__(self, redis: Redis, refresh_s: float = POOLED_REFRESH_S, keys: Keyspace = KEYS,
-                 sources: Sequence[tuple[Redis, Keyspace]] = ()) -> None:
-        self._keys = keys
-        self._sources = list(sources) or [(redis, keys)]
-        self._refresh_s = refresh_s
-        self._cache: dict[str, tuple[float, PooledCounts]] = {}
-
-    async def counts(self, tag: str, category: str, tenant: str | None = None) -> PooledCounts:
-        """A tenant's pooled counts in a category (what its decisions read), or every tenant's
-        together with ``tenant=None`` (the category's live figures)."""
-        key = self._keys.observations_key(tag, category, tenant)
-        now = time.monotonic()
-        cached = self._cache.get(key)
-        if cached is not None and now - cached[0] < self._refresh_s:
-            return cached[1]
-        raws = await asyncio.gather(*(redis.hgetall(keys.observations_key(tag, category, tenant))
-                                      for redis, keys in self._sources))
-        fields: Counter[str] = Counter()
-        for raw in raws:
-            fields.update({k.decode() if isinstance(k, bytes) else k: int(v) for k, v in raw.items()})
-        counts = PooledCounts(dict(fields))
-        self._cache[key] = (now, counts)
-        return counts
-
-    def forget(self, tag: str, category: str, tenant: str | None = None) -> None:
-        self._cache.pop(self._keys.observations_key(tag, category, tenant), None)
-
-
-def within_bound(counts: PooledCounts, bin_: int, policy: SemanticPolicy, *, prior: bool = False) -> bool:
-    """Whether the category's observations at this score or above keep wrong hits under the bound.
-
-    Without a prior the observations must show it (upper bound at most the bound); with one (the
-    similarity reached ``accept_above``) they must merely not refute it (lower bound at most the
-    bound), so a prior that does not fit the deployment's questions is withdrawn by its traffic.
-    """
-    assert policy.error_bound is not None
-    wrong, total = counts.at_or_above(bin_)
-    lower, upper = wilson_interval(wrong, total, z_of(policy.confidence))
-    return (lower if prior else upper) <= policy.error_bound
-
-
-# An entry that was ever wrong within this similarity of a candidate does not vouch for it.
-ENTRY_WRONG_GAP = 0.05
-
-
-def entry_record_fields(floor: float, bin_: int) -> list[str]:
-    """The entry's record fields an entry-record decision reads: confirmations at scores from
-    the band's floor up to the candidate's bin, and the entry's highest wrong similarity."""
-    return [FIELD_WRONG_ABOVE] + [observation_field(OBS_CONFIRMED, b) for b in range(score_bin(floor), bin_ + 1)]
-
-
-def entry_vouches(values: list[bytes | str | None], similarity: float, policy: SemanticPolicy) -> bool:
-    """Whether an entry's record (the values of :func:`entry_record_fields`) vouches for a
-    candidate: confirmed at least ``entry_confirmations`` times at a score no higher than the
-    candidate's, and never wrong within ``ENTRY_WRONG_GAP`` below its similarity or above.
-
-    Questions that reached this entry at lower scores had its answer, so a closer one is
-    likely to; what is new near it (another intent arriving) is caught by the margin and the
-    entry's wrong observations, and the pooled bound still governs everything else.
-    """
-    wrong_above = int(values[0] or -1)
-    if wrong_above >= 0 and similarity * 1000 <= wrong_above + ENTRY_WRONG_GAP * 1000:
-        return False
-    return sum(int(v or 0) for v in values[1:]) >= policy.entry_confirmations
 
 
 def answer_text(completion: bytes) -> str | None:

@@ -3,7 +3,8 @@
 A cached answer can only serve a request of the same scope (tenant, model, system prompt,
 earlier turns, output parameters), enforced as a TAG pre-filter on the scope's sha256 in the
 KNN query: no client-controlled text ever reaches the query string. Only the last user message
-is embedded.
+is embedded. Fixed-threshold categories are decided here (guards, verifier, judge); adaptive ones
+by app/cache/adaptive.py, in one call.
 """
 
 from __future__ import annotations
@@ -11,13 +12,11 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
-import random
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import numpy as np
 import yaml
 from redis.asyncio import Redis
@@ -27,7 +26,8 @@ from redisvl.index import AsyncSearchIndex
 from redisvl.query import FilterQuery, VectorQuery
 from redisvl.query.filter import FilterExpression, Tag
 
-from app.cache.base import CacheHit, CacheQuery, Candidate, CorruptEntry, EmbeddingFailed, Neighbour, TurnedDown
+from app.cache.adaptive import AdaptiveDecision, PooledObservations, Serve, answer_bytes, check_row, root_of, source_of
+from app.cache.base import CacheHit, CacheQuery, Candidate, EmbeddingFailed, Nearest
 from app.cache.entry import CacheEntry, EntryWriter
 from app.cache.keys import (
     FIELD_ANSWER,
@@ -40,20 +40,9 @@ from app.cache.keys import (
     FIELD_SOURCE,
     FIELD_WRONG_ABOVE,
     KEYS,
-    OBS_GUARD_OK,
-    OBS_GUARD_WRONG,
-    SOURCE_MODEL,
     Keyspace,
+    as_text,
     faq_scope_digest,
-)
-from app.cache.learning import (
-    MARGIN_WEIGHT,
-    PooledObservations,
-    decision_score,
-    entry_record_fields,
-    entry_vouches,
-    score_bin,
-    within_bound,
 )
 from app.cache.verify import CandidateCheck, ThresholdVerifier
 from app.embed import Embedder
@@ -70,9 +59,6 @@ CANDIDATES = 3
 # The verdict counted for a question longer than the semantic layer takes.
 QUESTION_TOO_LONG = "question_too_long"
 ADAPTIVE_CANDIDATES = 8
-# Other entries of model answers among those, handed to the learner with a candidate: the
-# nearest few are where a second entry of the same answer would be.
-NEIGHBOURS = 3
 
 
 def scope_filter(query: CacheQuery) -> FilterExpression:
@@ -98,12 +84,9 @@ class SemanticCache:
         self._embedder = embedder
         self._schema_template = yaml.safe_load(schema_path.read_text(encoding="utf-8"))
         self._check = check or CandidateCheck(ThresholdVerifier())
-        self.pooled = PooledObservations(redis, learning_refresh_s, keys, pool_sources)
+        self.adaptive = AdaptiveDecision(redis, self._check,
+                                         PooledObservations(redis, learning_refresh_s, keys, pool_sources))
         self._writer = EntryWriter(redis, keys)
-        # Which would-be hits are explored: random across questions and across repeats of one
-        # question (a question served wrongly is checked again), and seeded, so that a replay of
-        # a stream in one process makes the same draws every time.
-        self._explore = random.Random(0)
         self._indexes: dict[str, AsyncSearchIndex] = {}
         self._index_lock = asyncio.Lock()
         # Recent question embeddings: the write-back after a miss reuses the lookup's vector. Keyed
@@ -118,7 +101,7 @@ class SemanticCache:
         return self._embedder
 
     def schema_for(self, tag: str) -> dict[str, Any]:
-        schema = copy.deepcopy(self._schema_template)
+        schema: dict[str, Any] = copy.deepcopy(self._schema_template)
         schema["index"]["name"] = self.keys.semantic_index_name(tag)
         schema["index"]["prefix"] = self.keys.semantic_prefix(tag)
         for field in schema["fields"]:
@@ -136,7 +119,8 @@ class SemanticCache:
             if index is None:
                 index = AsyncSearchIndex.from_dict(self.schema_for(tag), redis_client=self._redis)
                 await index.create(overwrite=False)
-                logger.info("semantic index %s ready (%s, %d dims)", self.keys.semantic_index_name(tag), self._embedder.name, self._embedder.dims)
+                logger.info("semantic index %s ready (%s, %d dims)", self.keys.semantic_index_name(tag),
+                            self._embedder.name, self._embedder.dims)
                 self._indexes[tag] = index
         return index
 
@@ -155,7 +139,7 @@ class SemanticCache:
             self._memo.move_to_end(memo_key)
             return cached
         try:
-            vector = (await self._embedder.embed([question], owner=tenant))[0]
+            vector: np.ndarray = (await self._embedder.embed([question], owner=tenant))[0]
         except Exception as exc:  # any model failure becomes a cache failure, never a 500
             raise EmbeddingFailed(f"{self._embedder.name}: {exc!r}") from exc
         self._memo[memo_key] = vector
@@ -163,12 +147,8 @@ class SemanticCache:
             self._memo.popitem(last=False)
         return vector
 
-    async def candidates(self, query: CacheQuery, vector: np.ndarray, limit: int = CANDIDATES) -> list[tuple[str, float, dict[str, Any]]]:
-        """The nearest cached questions in the query's scope and category, most similar first.
-
-        Returns:
-            (key, cosine similarity, fields) for each candidate.
-        """
+    async def candidates(self, query: CacheQuery, vector: np.ndarray, limit: int = CANDIDATES) -> list[Nearest]:
+        """The nearest cached questions in the query's scope and category, most similar first."""
         index = await self.index(query.version)
         knn = VectorQuery(
             vector=vector.astype(np.float32).tobytes(),
@@ -188,7 +168,7 @@ class SemanticCache:
             await self.index(query.version)
             return []
         # RediSearch's cosine distance is 1 - cosine similarity.
-        return [(row["id"], 1.0 - float(row[DISTANCE_FIELD]), row) for row in rows]
+        return [Nearest(row["id"], 1.0 - float(row[DISTANCE_FIELD]), row) for row in rows]
 
     def serves(self, question: str | None, policy: SemanticPolicy) -> bool:
         """Whether this layer looks up and stores the question: a text of at most the configured
@@ -203,105 +183,23 @@ class SemanticCache:
             return None
         vector = await self.vector(question, query.canonical.tenant)
         if policy.adaptive:
-            return await self._adaptive(query, question, await self.candidates(query, vector, ADAPTIVE_CANDIDATES))
-        for key, similarity, row in await self.candidates(query, vector):
-            if similarity < policy.threshold:
+            decided = await self.adaptive.decide(query, question, await self.candidates(query, vector, ADAPTIVE_CANDIDATES))
+            return await self._hit(decided.row, decided.reason) if isinstance(decided, Serve) else decided
+        for row in await self.candidates(query, vector):
+            if row.similarity < policy.threshold:
                 break  # most similar first: the rest are below too
-            _check_row(key, row)
-            verdict = await self._check.decide(question, row[FIELD_QUESTION], similarity, policy, query.canonical.model)
-            if not verdict.accepted:
-                continue
-            return await self._hit(key, row, similarity, verdict.reason)
+            check_row(row)
+            verdict = await self._check.decide(question, row.fields[FIELD_QUESTION], row.similarity, policy,
+                                               query.canonical.model)
+            if verdict.accepted:
+                return await self._hit(row, verdict.reason)
         return None
 
-    async def _adaptive(self, query: CacheQuery, question: str, rows: list[tuple[str, float, dict[str, Any]]]) -> CacheHit | Candidate | None:
-        """An adaptive category's decision on the nearest candidate the guards let through
-        (app/cache/learning.py): served within the error bound, otherwise a candidate to learn from.
-        With ``guard_lift``, a guard an entry has outgrown lets its candidates through, and when
-        no candidate passes, the nearest one a guard turned down is returned to learn from."""
-        policy = query.category.semantic
-        turned_down: Candidate | None = None
-        for key, similarity, row in rows:
-            if similarity < policy.threshold:
-                break
-            _check_row(key, row)
-            root = _text(row.get(FIELD_ROOT)) or key
-            guard = self._check.guard(question, row[FIELD_QUESTION]) or ""
-            lifted = bool(guard) and await self._guard_lifted(root, guard, policy)
-            if guard and not lifted:
-                self._check.held(guard)
-                if turned_down is None and policy.guard_lift > 0 and _source(row) == SOURCE_MODEL:
-                    turned_down = self._candidate(key, root, row, rows, similarity, 0, policy, guard=guard)
-                continue
-            others = [s for k, s, r in rows if (_text(r.get(FIELD_ROOT)) or k) != root]
-            score = decision_score(similarity, max(others) if others else None, policy.threshold)
-            bin_ = score_bin(score)
-            wrong_before = _milli(similarity) <= int(row.get(FIELD_WRONG_ABOVE) or -1)
-            # From accept_above a candidate that passes the guards is served unless the observations
-            # refute it (the category's prior); below it, they must show it is safe.
-            prior = similarity >= policy.accept_above
-            within = not wrong_before and within_bound(
-                await self.pooled.counts(query.version, query.category.name, query.canonical.tenant), bin_, policy,
-                prior=prior
-            )
-            entry = False
-            if within and root != key:
-                # A wrong observation on any document of the entry vetoes its aliases too; read
-                # only for would-be hits, so misses cost no extra round trip.
-                wrong_before = _milli(similarity) <= int(await self._redis.hget(root, FIELD_WRONG_ABOVE) or -1)
-                within = not wrong_before
-            elif not within and not wrong_before and self._entry_may_vouch(policy, similarity, score):
-                # Below what the pool allows, the entry's own record may (one read of its fields).
-                values = await self._redis.hmget(root, entry_record_fields(policy.threshold, bin_))
-                within = entry = entry_vouches(values, similarity, policy)
-            verdict = self._check.learned(within, wrong_before, prior, entry)
-            candidate = self._candidate(key, root, row, rows, similarity, bin_, policy, guard=guard, lifted=lifted)
-            if turned_down is not None:  # learn about the guard of the nearer one too
-                candidate = msgspec.structs.replace(candidate, turned_down=TurnedDown(
-                    root=turned_down.root, answer=turned_down.answer, guard=turned_down.guard))
-            rate = policy.entry_explore if entry else policy.explore
-            if verdict.accepted and rate and self._explore.random() < rate:
-                return msgspec.structs.replace(candidate, explored=True)
-            if verdict.accepted:
-                return await self._hit(key, row, similarity, verdict.reason)
-            return candidate
-        return turned_down
-
-    @staticmethod
-    def _candidate(key: str, root: str, row: dict[str, Any], rows: list[tuple[str, float, dict[str, Any]]],
-                   similarity: float, bin_: int, policy: SemanticPolicy, *, guard: str = "", lifted: bool = False) -> Candidate:
-        answer = row[FIELD_ANSWER]
-        return Candidate(key=key, root=root, question=row[FIELD_QUESTION], similarity=similarity, score_bin=bin_,
-                         answer=answer.encode() if isinstance(answer, str) else answer,
-                         neighbours=_neighbours(root, row, rows, policy.threshold), guard=guard, guard_lifted=lifted)
-
-    async def _guard_lifted(self, root: str, guard: str, policy: SemanticPolicy) -> bool:
-        """Whether the entry has outgrown a guard: ``guard_lift`` answered misses it turned
-        down had the entry's answer, and none had another (one read, only when a guard fires)."""
-        if policy.guard_lift <= 0:
-            return False
-        ok, wrong = await self._redis.hmget(root, [f"{OBS_GUARD_OK}:{guard}", f"{OBS_GUARD_WRONG}:{guard}"])
-        return int(ok or 0) >= policy.guard_lift and not int(wrong or 0)
-
-    @staticmethod
-    def _entry_may_vouch(policy: SemanticPolicy, similarity: float, score: float) -> bool:
-        """Whether an entry's record is worth reading: on, the score above its floor, and no
-        other answer within ``entry_margin`` (the score holds half the margin)."""
-        margin = (score - similarity) / MARGIN_WEIGHT
-        return policy.entry_confirmations > 0 and score >= policy.entry_floor and margin >= policy.entry_margin
-
-    async def _hit(self, key: str, row: dict[str, Any], similarity: float, reason: str) -> CacheHit:
-        await self._redis.hincrby(key, FIELD_HITS, 1)
-        answer = row[FIELD_ANSWER]
-        return CacheHit(
-            layer=self.name,
-            completion=answer.encode() if isinstance(answer, str) else answer,
-            similarity=similarity,
-            matched_question=row[FIELD_QUESTION],
-            reason=reason,
-            source=_source(row),
-            key=_text(row.get(FIELD_ROOT)) or key,
-        )
+    async def _hit(self, row: Nearest, reason: str) -> CacheHit:
+        await self._redis.hincrby(row.key, FIELD_HITS, 1)
+        return CacheHit(layer=self.name, completion=answer_bytes(row), similarity=row.similarity,
+                        matched_question=row.fields[FIELD_QUESTION], reason=reason, source=source_of(row),
+                        key=root_of(row))
 
     async def documents_of(self, tag: str, root: str) -> set[str]:
         """The keys of every document serving an entry's answer: the entry and its aliases."""
@@ -343,41 +241,6 @@ def calls_tools(completion: bytes) -> bool:
                for choice in decoded.get("choices") or [])
 
 
-def _neighbours(root: str, row: dict[str, Any], rows: list[tuple[str, float, dict[str, Any]]], floor: float) -> tuple[Neighbour, ...]:
-    """Entries of model answers in the band other than the candidate's, nearest first (none for
-    a curated candidate: operators' entries are never merged)."""
-    if _source(row) != SOURCE_MODEL:
-        return ()
-    found: dict[str, Neighbour] = {}
-    for key, similarity, other in rows:
-        other_root = _text(other.get(FIELD_ROOT)) or key
-        if similarity < floor or len(found) == NEIGHBOURS:
-            break
-        if other_root != root and other_root not in found and _source(other) == SOURCE_MODEL and other.get(FIELD_ANSWER):
-            answer = other[FIELD_ANSWER]
-            found[other_root] = Neighbour(root=other_root, answer=answer.encode() if isinstance(answer, str) else answer)
-    return tuple(found.values())
-
-
-def _source(row: dict[str, Any]) -> str:
-    return _text(row.get(FIELD_SOURCE)) or SOURCE_MODEL
-
-
-def _milli(similarity: float) -> int:
-    """Similarity in thousandths, rounded down: a wrong observation recorded (rounded) at 0.823
-    vetoes every similarity up to 0.8239."""
-    return int(similarity * 1000)
-
-
-def _text(value: Any) -> str | None:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _check_row(key: str, row: dict[str, Any]) -> None:
-    if not row.get(FIELD_QUESTION) or not row.get(FIELD_ANSWER):
-        raise CorruptEntry(f"semantic entry {key} lacks its question or answer")
-
-
 async def index_dims(redis: Redis, name: str) -> int | None:
     """The vector dimension of an existing index, or ``None`` when there is no such index."""
     try:
@@ -403,5 +266,5 @@ async def adopt_embedder(redis: Redis, fingerprint: str, keys: Keyspace = KEYS) 
     previous = await redis.set(keys.embedder_key, fingerprint, get=True)
     if previous is None:
         return None
-    previous_text = previous.decode() if isinstance(previous, bytes) else str(previous)
+    previous_text = as_text(previous)
     return None if previous_text == fingerprint else previous_text

@@ -495,7 +495,8 @@ class TreeEnsemble(msgspec.Struct, frozen=True, kw_only=True):
                 node[idx] = np.where(goes_left, lft[current], rgt[current])
                 active = f[node] >= 0
             raw += v[node]
-        return 1.0 / (1.0 + np.exp(-raw))
+        probability: np.ndarray = 1.0 / (1.0 + np.exp(-raw))
+        return probability
 
 
 class VerifierArtifact(msgspec.Struct, frozen=True, kw_only=True):
@@ -608,7 +609,8 @@ class CandidateCheck:
         self._confirm = confirm
         self._on_verdict = on_verdict
 
-    def _count(self, verdict: Verdict) -> Verdict:
+    def count(self, verdict: Verdict) -> Verdict:
+        """Count a verdict reached elsewhere (the adaptive decision's); returns it."""
         if self._on_verdict is not None:
             self._on_verdict(verdict)
         return verdict
@@ -623,7 +625,7 @@ class CandidateCheck:
             policy: The category's semantic policy.
             model: The model the request named (the judge asks it unless configured otherwise).
         """
-        verdict = self._count(self.verifier.verify(asked, cached, similarity, policy))
+        verdict = self.count(self.verifier.verify(asked, cached, similarity, policy))
         return await self.confirmed(verdict, asked, cached, policy, model)
 
     def guarded(self, asked: str, cached: str) -> Verdict | None:
@@ -638,25 +640,15 @@ class CandidateCheck:
 
     def held(self, rejection: str) -> Verdict:
         """Count a guard's rejection that stands."""
-        return self._count(Verdict(False, rejection))
-
-    def learned(self, within: bool, wrong_before: bool, prior: bool = False, entry: bool = False) -> Verdict:
-        """The verdict of an adaptive category's decision (counted): ``above_band`` when the
-        similarity alone reaches ``accept_above``, ``within_bound`` when the pooled observations
-        allow it, ``entry_record`` when the candidate's entry vouches for it."""
-        if wrong_before:
-            return self._count(Verdict(False, WRONG_BEFORE))
-        if within:
-            return self._count(Verdict(True, ABOVE_BAND if prior else ENTRY_RECORD if entry else WITHIN_BOUND))
-        return self._count(Verdict(False, OUTSIDE_BOUND))
+        return self.count(Verdict(False, rejection))
 
     async def confirmed(self, verdict: Verdict, asked: str, cached: str, policy: SemanticPolicy, model: str) -> Verdict:
         """The confirm step alone: a band acceptance goes to the hook when the policy asks for it."""
         if verdict.reason != VERIFIED or not policy.judge_before_serving:
             return verdict
         if self._confirm is None:
-            return self._count(Verdict(False, JUDGE_FAILED))  # never serve unconfirmed what must be confirmed
-        return self._count(await self._confirm.confirm(asked, cached, model))
+            return self.count(Verdict(False, JUDGE_FAILED))  # never serve unconfirmed what must be confirmed
+        return self.count(await self._confirm.confirm(asked, cached, model))
 
 
 def load_verifier(settings: Settings) -> PairVerifier:

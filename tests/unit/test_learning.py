@@ -8,8 +8,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from app.cache.learning import (
-    AnswerLearner,
+from app.cache.adaptive import (
     PooledCounts,
     decision_score,
     entry_record_fields,
@@ -18,6 +17,7 @@ from app.cache.learning import (
     wilson_upper,
     within_bound,
 )
+from app.cache.learning import AnswerLearner
 from app.cache.verify import Lexicon, PairAnalyzer
 from app.policy import SemanticPolicy
 from app.settings import PROJECT_ROOT
@@ -102,20 +102,20 @@ def test_an_entry_vouches_with_enough_confirmations_and_no_wrong_nearby() -> Non
 
 
 def test_neighbours_are_other_entries_of_model_answers_in_the_band() -> None:
-    from app.cache.semantic import NEIGHBOURS, _neighbours
+    from app.cache.adaptive import NEIGHBOURS, neighbours_of
+    from app.cache.base import Nearest
 
-    def row(root: str, source: str | None = None, answer: str = "a") -> dict[str, object]:
+    def row(key: str, similarity: float, root: str, source: str | None = None, answer: str = "a") -> Nearest:
         fields: dict[str, object] = {"root": root, "answer": answer, "question": "q"}
         if source:
             fields["source"] = source
-        return fields
+        return Nearest(key, similarity, fields)
 
-    rows = [("d1", 0.95, row("e1")), ("d2", 0.93, row("e1")), ("d3", 0.9, row("e2")),
-            ("d4", 0.85, row("e3", "faq")), ("d5", 0.8, row("e2")), ("d6", 0.7, row("e4")),
-            ("d7", 0.5, row("e5"))]
-    found = _neighbours("e1", rows[0][2], rows, floor=0.6)
+    rows = [row("d1", 0.95, "e1"), row("d2", 0.93, "e1"), row("d3", 0.9, "e2"), row("d4", 0.85, "e3", "faq"),
+            row("d5", 0.8, "e2"), row("d6", 0.7, "e4"), row("d7", 0.5, "e5")]
+    found = neighbours_of("e1", rows[0], rows, floor=0.6)
     # Not the candidate's own entry, not curated answers, each entry once, nothing under the floor.
     assert [n.root for n in found] == ["e2", "e4"] and found[0].answer == b"a"
-    assert _neighbours("e3", rows[3][2], rows, floor=0.6) == ()  # a curated candidate is never merged
-    many = [(f"d{i}", 0.9, row(f"e{i}")) for i in range(10)]
-    assert len(_neighbours("e0", many[0][2], many, floor=0.6)) == NEIGHBOURS
+    assert neighbours_of("e3", rows[3], rows, floor=0.6) == ()  # a curated candidate is never merged
+    many = [row(f"d{i}", 0.9, f"e{i}") for i in range(10)]
+    assert len(neighbours_of("e0", many[0], many, floor=0.6)) == NEIGHBOURS

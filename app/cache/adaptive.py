@@ -1,0 +1,415 @@
+"""The adaptive decision: whether a semantic candidate is served, under an error bound (#10).
+
+Every miss is answered by the model anyway, so what the nearest cached question *would* have
+served can be compared with the fresh answer for free (app/cache/learning.py records it). This
+module reads those observations back and decides, for one KNN result, in one call
+(:meth:`AdaptiveDecision.decide`):
+
+- the guards first (app/cache/verify.py); a guard an entry has outgrown (``guard_lift``) lets
+  its candidates through;
+- the **score**: the similarity plus half its margin over the nearest document of another
+  answer (:func:`decision_score`), binned in hundredths;
+- the **pool**: among the tenant's observations in the category with a score of at least the
+  candidate's, the Wilson bound of the wrong share at the category's confidence must be at most
+  ``error_bound`` (:func:`within_bound`): the upper bound below ``accept_above``, the lower bound
+  from it (the prior, withdrawn by the traffic that refutes it);
+- the **entry record**: below what the pool allows, an entry confirmed often enough at lower
+  scores and never wrong near this similarity vouches for the candidate (:func:`entry_vouches`);
+- a document or entry that was wrong at this similarity or above never serves it.
+
+A would-be hit is explored at the policy's rate (sent upstream anyway, to measure the error of
+served hits); everything not served is a candidate to learn from. The same figures give the
+category's live precision (:meth:`AdaptiveDecision.precision`, on ``/health`` and ``/metrics``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from collections import Counter
+from collections.abc import Sequence
+from statistics import NormalDist
+
+import msgspec
+import numpy as np
+from redis.asyncio import Redis
+
+from app.cache.base import CacheQuery, Candidate, CorruptEntry, Nearest, Neighbour, TurnedDown, Verdict
+from app.cache.keys import (
+    FIELD_ANSWER,
+    FIELD_QUESTION,
+    FIELD_ROOT,
+    FIELD_SOURCE,
+    FIELD_WRONG_ABOVE,
+    KEYS,
+    OBS_CONFIRMED,
+    OBS_EXPLORED_OK,
+    OBS_EXPLORED_WRONG,
+    OBS_GUARD_OK,
+    OBS_GUARD_WRONG,
+    OBS_OK,
+    OBS_WRONG,
+    SOURCE_MODEL,
+    Keyspace,
+    as_text,
+    observation_field,
+)
+from app.cache.verify import ABOVE_BAND, ENTRY_RECORD, OUTSIDE_BOUND, WITHIN_BOUND, WRONG_BEFORE, CandidateCheck
+from app.policy import SemanticPolicy
+
+# Score bins are hundredths; a score stays below 1.5 (similarity <= 1, half a margin <= 0.5).
+BINS = 160
+MARGIN_WEIGHT = 0.5
+# How long a worker reuses the pooled counts it read: the hit path costs no extra round trip
+# per request, and other workers' observations arrive within this delay.
+POOLED_REFRESH_S = 1.0
+# An entry that was ever wrong within this similarity of a candidate does not vouch for it.
+ENTRY_WRONG_GAP = 0.05
+# Other entries of model answers handed to the learner with a candidate: the nearest few are
+# where a second entry of the same answer would be.
+NEIGHBOURS = 3
+
+
+def decision_score(similarity: float, other_answer_similarity: float | None, floor: float) -> float:
+    """Similarity plus half its margin over the nearest document serving another answer (the
+    band's floor when none is among the candidates)."""
+    nearest_other = floor if other_answer_similarity is None else max(other_answer_similarity, floor)
+    return similarity + MARGIN_WEIGHT * max(0.0, similarity - nearest_other)
+
+
+def score_bin(score: float) -> int:
+    """The bin of a decision score (hundredths, clipped to ``[0, BINS)``)."""
+    return max(0, min(BINS - 1, int(score * 100)))
+
+
+def wilson_interval(wrong: float, total: float, z: float) -> tuple[float, float]:
+    """Wilson bounds of a wrong share, ``z`` standard errors either side; (0, 1) with no observations."""
+    if total <= 0:
+        return 0.0, 1.0
+    p = wrong / total
+    centre = p + z * z / (2 * total)
+    spread = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total))
+    scale = 1 + z * z / total
+    return max(0.0, (centre - spread) / scale), min(1.0, (centre + spread) / scale)
+
+
+def wilson_upper(wrong: float, total: float, z: float) -> float:
+    """The upper Wilson bound of a wrong share."""
+    return wilson_interval(wrong, total, z)[1]
+
+
+def z_of(confidence: float) -> float:
+    """One-sided z of a confidence level (0.85 -> 1.04)."""
+    return NormalDist().inv_cdf(confidence)
+
+
+class PooledCounts:
+    """A category's pooled observations as suffix sums: ``ok[b]`` is the number of equivalent
+    observations with a score bin of at least ``b``.
+
+    Args:
+        fields: The pool's hash fields (``ok:<bin>``, ``wrong:<bin>``, ``explored_ok``, ...) and counts.
+    """
+
+    def __init__(self, fields: dict[str, int]) -> None:
+        ok, wrong = np.zeros(BINS + 1), np.zeros(BINS + 1)
+        for name, count in fields.items():
+            kind, _, number = name.partition(":")
+            if number.isdigit() and int(number) < BINS and kind in (OBS_OK, OBS_WRONG):
+                (ok if kind == OBS_OK else wrong)[int(number)] += count
+        self.ok = np.cumsum(ok[::-1])[::-1]
+        self.wrong = np.cumsum(wrong[::-1])[::-1]
+        self.explored_ok = fields.get(OBS_EXPLORED_OK, 0)
+        self.explored_wrong = fields.get(OBS_EXPLORED_WRONG, 0)
+
+    def at_or_above(self, bin_: int) -> tuple[int, int]:
+        """(wrong, total) of the observations at this score bin or higher."""
+        wrong = int(self.wrong[bin_])
+        return wrong, wrong + int(self.ok[bin_])
+
+
+class PooledObservations:
+    """Reads pooled counts per (version, category, tenant), reusing them for ``refresh_s``.
+
+    Args:
+        redis: The Redis of the keyspace.
+        refresh_s: How long counts read are reused.
+        keys: The keyspace.
+        sources: Every (Redis, keyspace) whose counts make up the pool, summed: on a cluster each
+            bucket counts the observations of its own entries, and the category's prior is all of
+            them. Only this keyspace's when empty.
+    """
+
+    def __init__(self, redis: Redis, refresh_s: float = POOLED_REFRESH_S, keys: Keyspace = KEYS,
+                 sources: Sequence[tuple[Redis, Keyspace]] = ()) -> None:
+        self._keys = keys
+        self._sources = list(sources) or [(redis, keys)]
+        self._refresh_s = refresh_s
+        self._cache: dict[str, tuple[float, PooledCounts]] = {}
+
+    async def counts(self, tag: str, category: str, tenant: str | None = None) -> PooledCounts:
+        """A tenant's pooled counts in a category (what its decisions read), or every tenant's
+        together with ``tenant=None`` (the category's live figures)."""
+        key = self._keys.observations_key(tag, category, tenant)
+        now = time.monotonic()
+        cached = self._cache.get(key)
+        if cached is not None and now - cached[0] < self._refresh_s:
+            return cached[1]
+        raws = await asyncio.gather(*(redis.hgetall(keys.observations_key(tag, category, tenant))
+                                      for redis, keys in self._sources))
+        fields: Counter[str] = Counter()
+        for raw in raws:
+            fields.update({str(as_text(k)): int(v) for k, v in raw.items()})
+        counts = PooledCounts(dict(fields))
+        self._cache[key] = (now, counts)
+        return counts
+
+    def forget(self, tag: str, category: str, tenant: str | None = None) -> None:
+        """Drop the counts read for a pool, so the next decision reads them again."""
+        self._cache.pop(self._keys.observations_key(tag, category, tenant), None)
+
+
+def within_bound(counts: PooledCounts, bin_: int, policy: SemanticPolicy, *, prior: bool = False) -> bool:
+    """Whether the category's observations at this score or above keep wrong hits under the bound.
+
+    Without a prior the observations must show it (upper bound at most the bound); with one (the
+    similarity reached ``accept_above``) they must merely not refute it (lower bound at most the
+    bound), so a prior that does not fit the deployment's questions is withdrawn by its traffic.
+    """
+    assert policy.error_bound is not None
+    wrong, total = counts.at_or_above(bin_)
+    lower, upper = wilson_interval(wrong, total, z_of(policy.confidence))
+    return (lower if prior else upper) <= policy.error_bound
+
+
+def entry_record_fields(floor: float, bin_: int) -> list[str]:
+    """The entry's record fields an entry-record decision reads: confirmations at scores from
+    the band's floor up to the candidate's bin, and the entry's highest wrong similarity."""
+    return [FIELD_WRONG_ABOVE] + [observation_field(OBS_CONFIRMED, b) for b in range(score_bin(floor), bin_ + 1)]
+
+
+def entry_vouches(values: Sequence[bytes | str | None], similarity: float, policy: SemanticPolicy) -> bool:
+    """Whether an entry's record (the values of :func:`entry_record_fields`) vouches for a
+    candidate: confirmed at least ``entry_confirmations`` times at a score no higher than the
+    candidate's, and never wrong within ``ENTRY_WRONG_GAP`` below its similarity or above.
+
+    Questions that reached this entry at lower scores had its answer, so a closer one is
+    likely to; what is new near it (another intent arriving) is caught by the margin and the
+    entry's wrong observations, and the pooled bound still governs everything else.
+    """
+    wrong_above = int(values[0] or -1)
+    if wrong_above >= 0 and similarity * 1000 <= wrong_above + ENTRY_WRONG_GAP * 1000:
+        return False
+    return sum(int(v or 0) for v in values[1:]) >= policy.entry_confirmations
+
+
+def entry_may_vouch(policy: SemanticPolicy, similarity: float, score: float) -> bool:
+    """Whether an entry's record is worth reading: on, the score above its floor, and no
+    other answer within ``entry_margin`` (the score holds half the margin)."""
+    margin = (score - similarity) / MARGIN_WEIGHT
+    return policy.entry_confirmations > 0 and score >= policy.entry_floor and margin >= policy.entry_margin
+
+
+def milli(similarity: float) -> int:
+    """Similarity in thousandths, rounded down: a wrong observation recorded (rounded) at 0.823
+    vetoes every similarity up to 0.8239."""
+    return int(similarity * 1000)
+
+
+def check_row(row: Nearest) -> None:
+    """Raises CorruptEntry for a document without its question or answer (a cache failure)."""
+    if not row.fields.get(FIELD_QUESTION) or not row.fields.get(FIELD_ANSWER):
+        raise CorruptEntry(f"semantic entry {row.key} lacks its question or answer")
+
+
+def root_of(row: Nearest) -> str:
+    """The entry whose answer a document serves (itself when it is an entry)."""
+    return as_text(row.fields.get(FIELD_ROOT)) or row.key
+
+
+def source_of(row: Nearest) -> str:
+    """``model`` or ``faq``: who wrote a document's answer."""
+    return as_text(row.fields.get(FIELD_SOURCE)) or SOURCE_MODEL
+
+
+def answer_bytes(row: Nearest) -> bytes:
+    answer = row.fields[FIELD_ANSWER]
+    return answer.encode() if isinstance(answer, str) else bytes(answer)
+
+
+def neighbours_of(root: str, row: Nearest, rows: Sequence[Nearest], floor: float) -> tuple[Neighbour, ...]:
+    """Entries of model answers in the band other than the candidate's, nearest first (none for
+    a curated candidate: operators' entries are never merged)."""
+    if source_of(row) != SOURCE_MODEL:
+        return ()
+    found: dict[str, Neighbour] = {}
+    for other in rows:
+        other_root = root_of(other)
+        if other.similarity < floor or len(found) == NEIGHBOURS:
+            break
+        if other_root != root and other_root not in found and source_of(other) == SOURCE_MODEL \
+                and other.fields.get(FIELD_ANSWER):
+            found[other_root] = Neighbour(root=other_root, answer=answer_bytes(other))
+    return tuple(found.values())
+
+
+class Serve(msgspec.Struct, frozen=True, kw_only=True):
+    """A candidate the decision serves.
+
+    Attributes:
+        row: The document that matched.
+        reason: Why (``above_band``, ``within_bound``, ``entry_record``).
+    """
+
+    row: Nearest
+    reason: str
+
+
+class Precision(msgspec.Struct, frozen=True, kw_only=True):
+    """An adaptive category's live figures, every tenant's observations together.
+
+    Attributes:
+        error_bound: The category's bound.
+        observations: Observations recorded (answered misses with a candidate).
+        observed_wrong: Of them, with another answer than the candidate's.
+        explored: Would-be hits sent upstream to check the estimate.
+        explored_wrong: Of them, wrong: the share estimates the error of served hits.
+        error_upper_bound: Wilson's upper bound of that share at the category's confidence
+            (``None`` before the first explored hit).
+        status: ``too_few_explored`` (below 1/bound explored hits even a clean record cannot
+            show the bound holds), ``above_bound`` or ``within_bound``.
+    """
+
+    error_bound: float
+    observations: int
+    observed_wrong: int
+    explored: int
+    explored_wrong: int
+    error_upper_bound: float | None
+    status: str
+
+    @property
+    def error_estimate(self) -> float | None:
+        return self.explored_wrong / self.explored if self.explored else None
+
+
+class AdaptiveDecision:
+    """An adaptive category's decision on the nearest documents of a question.
+
+    Args:
+        redis: The Redis holding the entries (their records are read for would-be hits only).
+        check: The guards, and where every verdict is counted.
+        pooled: The pooled observations of the keyspace.
+        seed: Seed of the exploration draws: random across questions and across repeats of one
+            question (a question served wrongly is checked again), and seeded, so that a replay
+            of a stream in one process makes the same draws every time.
+    """
+
+    def __init__(self, redis: Redis, check: CandidateCheck, pooled: PooledObservations, *, seed: int = 0) -> None:
+        self._redis = redis
+        self._check = check
+        self.pooled = pooled
+        self._explore = random.Random(seed)
+
+    async def decide(self, query: CacheQuery, question: str, rows: Sequence[Nearest]) -> Serve | Candidate | None:
+        """Decide on the nearest candidate the guards let through.
+
+        Args:
+            query: The planned query (its category is adaptive).
+            question: The asked question.
+            rows: The KNN result, most similar first.
+
+        Returns:
+            The candidate to serve; or one to learn from once the model has answered (not
+            served, explored, or the nearest one a guard turned down); or ``None``.
+
+        Raises:
+            CorruptEntry: A document in the band lacks its question or answer (a cache failure).
+        """
+        policy = query.category.semantic
+        turned_down: Candidate | None = None
+        for row in rows:
+            if row.similarity < policy.threshold:
+                break
+            check_row(row)
+            root = root_of(row)
+            guard = self._check.guard(question, row.fields[FIELD_QUESTION]) or ""
+            lifted = bool(guard) and await self._guard_lifted(root, guard, policy)
+            if guard and not lifted:
+                self._check.held(guard)
+                if turned_down is None and policy.guard_lift > 0 and source_of(row) == SOURCE_MODEL:
+                    turned_down = _candidate(row, root, rows, 0, policy, guard=guard)
+                continue
+            others = [other.similarity for other in rows if root_of(other) != root]
+            score = decision_score(row.similarity, max(others) if others else None, policy.threshold)
+            bin_ = score_bin(score)
+            verdict = await self._verdict(query, row, root, bin_, score)
+            candidate = _candidate(row, root, rows, bin_, policy, guard=guard, lifted=lifted)
+            if turned_down is not None:  # learn about the guard of the nearer one too
+                candidate = msgspec.structs.replace(candidate, turned_down=TurnedDown(
+                    root=turned_down.root, answer=turned_down.answer, guard=turned_down.guard))
+            rate = policy.entry_explore if verdict.reason == ENTRY_RECORD else policy.explore
+            if verdict.accepted and rate and self._explore.random() < rate:
+                return msgspec.structs.replace(candidate, explored=True)
+            if verdict.accepted:
+                return Serve(row=row, reason=verdict.reason)
+            return candidate
+        return turned_down
+
+    async def _verdict(self, query: CacheQuery, row: Nearest, root: str, bin_: int, score: float) -> Verdict:
+        """The verdict on one candidate the guards let through (counted): the document's own wrong
+        record, then the pool (with the prior from ``accept_above``), then the entry's record."""
+        policy = query.category.semantic
+        similarity = row.similarity
+        wrong_before = milli(similarity) <= int(row.fields.get(FIELD_WRONG_ABOVE) or -1)
+        prior = similarity >= policy.accept_above
+        within = not wrong_before and within_bound(
+            await self.pooled.counts(query.version, query.category.name, query.canonical.tenant), bin_, policy,
+            prior=prior)
+        entry = False
+        if within and root != row.key:
+            # A wrong observation on any document of the entry vetoes its aliases too; read only
+            # for would-be hits, so misses cost no extra round trip.
+            wrong_before = milli(similarity) <= int(await self._redis.hget(root, FIELD_WRONG_ABOVE) or -1)
+            within = not wrong_before
+        elif not within and not wrong_before and entry_may_vouch(policy, similarity, score):
+            # Below what the pool allows, the entry's own record may (one read of its fields).
+            values = await self._redis.hmget(root, entry_record_fields(policy.threshold, bin_))
+            within = entry = entry_vouches(values, similarity, policy)
+        if wrong_before:
+            return self._check.count(Verdict(False, WRONG_BEFORE))
+        if within:
+            return self._check.count(Verdict(True, ABOVE_BAND if prior else ENTRY_RECORD if entry else WITHIN_BOUND))
+        return self._check.count(Verdict(False, OUTSIDE_BOUND))
+
+    async def _guard_lifted(self, root: str, guard: str, policy: SemanticPolicy) -> bool:
+        """Whether the entry has outgrown a guard: ``guard_lift`` answered misses it turned
+        down had the entry's answer, and none had another (one read, only when a guard fires)."""
+        if policy.guard_lift <= 0:
+            return False
+        ok, wrong = await self._redis.hmget(root, [f"{OBS_GUARD_OK}:{guard}", f"{OBS_GUARD_WRONG}:{guard}"])
+        return int(ok or 0) >= policy.guard_lift and not int(wrong or 0)
+
+    async def precision(self, tag: str, category: str, policy: SemanticPolicy) -> Precision:
+        """The category's live figures over every tenant: the explored would-be hits estimate
+        the error of served hits."""
+        assert policy.error_bound is not None
+        counts = await self.pooled.counts(tag, category)
+        explored = counts.explored_ok + counts.explored_wrong
+        upper = wilson_upper(counts.explored_wrong, explored, z_of(policy.confidence)) if explored else None
+        wrong, total = counts.at_or_above(0)
+        enough = explored >= 1 / policy.error_bound
+        status = "too_few_explored" if not enough else "above_bound" if (upper or 0.0) > policy.error_bound \
+            else "within_bound"
+        return Precision(error_bound=policy.error_bound, observations=total, observed_wrong=wrong, explored=explored,
+                         explored_wrong=counts.explored_wrong, error_upper_bound=upper, status=status)
+
+
+def _candidate(row: Nearest, root: str, rows: Sequence[Nearest], bin_: int, policy: SemanticPolicy, *,
+               guard: str = "", lifted: bool = False) -> Candidate:
+    return Candidate(key=row.key, root=root, question=row.fields[FIELD_QUESTION], similarity=row.similarity,
+                     score_bin=bin_, answer=answer_bytes(row), neighbours=neighbours_of(root, row, rows, policy.threshold),
+                     guard=guard, guard_lifted=lifted)
+
