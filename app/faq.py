@@ -15,15 +15,15 @@ import csv
 import hashlib
 import io
 import time
-from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 import numpy as np
 import yaml
 from redis.asyncio import Redis
 
-from app.cache.buckets import Buckets
+from app.cache.adaptive import score_bin
 from app.cache.entry import CacheEntry
 from app.cache.keys import (
     FIELD_ALIASES,
@@ -35,16 +35,13 @@ from app.cache.keys import (
     normalize_text,
     observation_field,
 )
-from app.cache.learning import score_bin
-from app.cache.semantic import SemanticCache
-from app.cache.version import VersionTag
 from app.calibrate.pairs import read_utf8
 from app.embed import Embedder
-from app.policy import Policy
+from app.policy import Policy, UnknownCategory
 from app.wire import json_encoder
 
-FAQ_SET_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
-
+if TYPE_CHECKING:  # the assembly is above this module; only its type is needed here
+    from app.assembly import CacheParts
 
 class FaqFileError(ValueError):
     """A curated-answer file that cannot be loaded; the message is one line for the user."""
@@ -84,9 +81,11 @@ def read_faq(path: Path, policy: Policy) -> list[FaqItem]:
     seen: set[tuple[str, str, str]] = set()
     for number, item in enumerate(items, start=1):
         where = f"{path}: entry {number}"
-        if item.category not in policy.categories:
-            raise FaqFileError(f"{where}: unknown category {item.category!r}; known: {', '.join(sorted(policy.categories))}")
-        if not policy.categories[item.category].semantic.enabled:
+        try:
+            category = policy.category(item.category)
+        except UnknownCategory as exc:
+            raise FaqFileError(f"{where}: {exc}") from exc
+        if not category.semantic.enabled:
             raise FaqFileError(f"{where}: category {item.category!r} has no semantic layer")
         if not normalize_text(item.question) or not item.answer.strip() or not item.tenant:
             raise FaqFileError(f"{where}: question, answer and tenant must not be empty")
@@ -125,7 +124,7 @@ async def load_faq(redis: Redis, embedder: Embedder, tag: str, items: list[FaqIt
     """
     now = int(time.time())
     texts = [normalize_text(t) for item in items for t in (item.question, *item.variants)]
-    vectors = await embedder.embed(texts) if texts else []
+    vectors: np.ndarray | list[np.ndarray] = await embedder.embed(texts) if texts else []
     set_key = keys.faq_set_key(tag, name)
     old_keys = await redis.smembers(set_key)
     new_keys: list[str] = []
@@ -142,27 +141,27 @@ async def load_faq(redis: Redis, embedder: Embedder, tag: str, items: list[FaqIt
             key = keys.faq_key(tag, _digest(name, item.tenant, item.category, question))
             question_vector = vectors[position]
             position += 1
-            common = {
-                "answer": curated_completion(item.answer, now), "model": "", "tenant": item.tenant,
-                "category": item.category, "created_at": now, "expires_at": now + category.ttl_seconds,
-                "scope": faq_scope_digest(item.tenant, item.category), "root": key, "source": SOURCE_FAQ,
-            }
-            documents = [(key, CacheEntry(question=question, embedding=_bytes(question_vector), **common))]
+            # The entry; each variant is a copy with its own question and vector.
+            entry = CacheEntry(question=question, embedding=_bytes(question_vector),
+                               answer=curated_completion(item.answer, now), model="", tenant=item.tenant,
+                               category=item.category, created_at=now, expires_at=now + category.ttl_seconds,
+                               scope=faq_scope_digest(item.tenant, item.category), root=key, source=SOURCE_FAQ)
+            documents = [(key, entry)]
             for variant in item.variants:
                 text = normalize_text(variant)
                 vector = vectors[position]
                 position += 1
                 documents.append((keys.faq_key(tag, _digest(name, item.tenant, item.category, question, text)),
-                                  CacheEntry(question=text, embedding=_bytes(vector), **common)))
+                                  msgspec.structs.replace(entry, question=text, embedding=_bytes(vector))))
                 # The operator says the variant has the entry's answer: a positive observation, kept
                 # on the entry as `curated:<bin>`. It vouches for nothing: all-positive pairs chosen
                 # by hand say nothing of the questions that land near the entry in traffic. Counted
                 # in the pool they let the category serve anything at their scores; counted as the
                 # entry's confirmations they raised wrong hits from 0.70% to 1.47% (docs/QUALITY.md).
                 pipe.hincrby(key, observation_field(OBS_CURATED, score_bin(float(vector @ question_vector))), 1)
-            for doc_key, entry in documents:
-                pipe.hset(doc_key, mapping=entry.to_hash())
-                pipe.expire(doc_key, entry.ttl_seconds)
+            for doc_key, document in documents:
+                pipe.hset(doc_key, mapping=document.to_hash())
+                pipe.expire(doc_key, document.ttl_seconds)
                 new_keys.append(doc_key)
             pipe.hset(key, FIELD_ALIASES, len(item.variants))
         if new_keys:
@@ -172,15 +171,12 @@ async def load_faq(redis: Redis, embedder: Embedder, tag: str, items: list[FaqIt
     return len(items), len(new_keys) - len(items)
 
 
-async def load_faq_in_buckets(buckets: Buckets, semantics: Sequence[SemanticCache], versions: Sequence[VersionTag],
-                              items: list[FaqItem], name: str, policy: Policy) -> tuple[str, int, int]:
+async def load_faq_in_buckets(cache: CacheParts, items: list[FaqItem], name: str, policy: Policy) -> tuple[str, int, int]:
     """:func:`load_faq` into every bucket (the one Redis, or each bucket of a cluster), each item
     into the bucket of its tenant and category, where that tenant's lookups search.
 
     Args:
-        buckets: The buckets.
-        semantics: Each bucket's semantic layer, in the buckets' order.
-        versions: Each bucket's version tag, in the buckets' order.
+        cache: The cache (with its semantic layer).
         items: The file's items.
         name: The file's name.
         policy: The categories.
@@ -189,11 +185,12 @@ async def load_faq_in_buckets(buckets: Buckets, semantics: Sequence[SemanticCach
         (the version tags, entries, variants) written.
     """
     tags, entries, variants = set(), 0, 0
-    for i, (bucket, semantic, version) in enumerate(zip(buckets.all, semantics, versions, strict=True)):
-        tag = await version.refresh()
-        await semantic.index(tag)
-        mine = [item for item in items if buckets.of(item.tenant, item.category) == i]
-        written = await load_faq(bucket.redis, semantic.embedder, tag, mine, name, policy, bucket.keys)
+    for i, bucket in enumerate(cache.each):
+        assert bucket.semantic is not None, "curated answers need the semantic layer"
+        tag = await bucket.versions.refresh()
+        await bucket.semantic.index(tag)
+        mine = [item for item in items if cache.buckets.of(item.tenant, item.category) == i]
+        written = await load_faq(bucket.bucket.redis, bucket.semantic.embedder, tag, mine, name, policy, bucket.bucket.keys)
         tags.add(tag)
         entries, variants = entries + written[0], variants + written[1]
     return ", ".join(sorted(tags)), entries, variants

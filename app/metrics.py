@@ -5,13 +5,11 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.multiprocess import MultiProcessCollector
-
-from app.cache.usage import UsageCounts
 
 # Set by `python -m app.serve` when it runs several workers: every worker then writes its
 # values to files there, and a scrape of any worker reports the sum over all of them.
@@ -28,6 +26,13 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 logger = logging.getLogger("strata.metrics")
 
 
+class OutcomeLog(Protocol):
+    """Where finished requests are also counted by category and outcome (app/cache/usage.py
+    keeps them in Redis for ``strata cache stats``)."""
+
+    def add(self, category: str, outcome: str) -> None: ...
+
+
 class Metrics:
     """The service's counters and histograms.
 
@@ -42,16 +47,20 @@ class Metrics:
         embed_batches: Embedding model runs; fewer than texts embedded when batching works.
         embed_texts: Texts embedded.
         verifications: Semantic candidates by verification decision and reason.
+
+    Args:
+        tenant_labels: Whether series name their tenant (``tenant="-"`` for every one otherwise).
+        outcomes: Also counts each finished request's category and outcome (usage in Redis).
     """
 
-    def __init__(self, *, tenant_labels: bool = True) -> None:
+    def __init__(self, *, tenant_labels: bool = True, outcomes: OutcomeLog | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         # Without tenant labels every tenant's series is one (``tenant="-"``): a scrape names no tenant.
         self._tenant_labels = tenant_labels
         # The latest failed cache write (when, what) until a write succeeds: /health reports it.
         self.write_failure: tuple[float, str] | None = None
         # Requests per category and outcome, added to Redis every few seconds (strata cache stats).
-        self.usage = UsageCounts()
+        self._outcomes = outcomes
         r = self.registry
         self.requests = Counter("strata_requests", "Chat requests by cache outcome", ["outcome"], registry=r)
         self.category_requests = Counter(
@@ -146,7 +155,8 @@ class Metrics:
         self.requests.labels(outcome).inc()
         if category is not None:
             self.category_requests.labels(category, outcome).inc()
-            self.usage.add(category, outcome)
+            if self._outcomes is not None:
+                self._outcomes.add(category, outcome)
         self.latency.labels(outcome).observe(time.perf_counter() - started)
 
     def tenant(self, tenant: str) -> str:

@@ -20,18 +20,12 @@ import json
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
 from typing import Any
 
 import msgspec
 
+from app.console import fail, table
 from app.settings import Settings
-
-
-def _fail(message: str) -> int:
-    print(f"strata: {message}", file=sys.stderr)
-    return 2
 
 
 def _operator() -> str:
@@ -40,51 +34,6 @@ def _operator() -> str:
     except (KeyError, OSError):
         user = "unknown"
     return f"{user}@{socket.gethostname()} (cli)"
-
-
-def table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
-    """Rows as an aligned text table (the default output of the cache commands)."""
-    cells = [[str(row.get(c, "")) for c in columns] for row in rows]
-    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in cells]
-    return "\n".join(lines)
-
-
-@asynccontextmanager
-async def _invalidator(settings: Settings, *, with_semantic: bool) -> AsyncIterator[Any]:
-    """The invalidator of the configured Redis (every bucket's, on a cluster)."""
-    from app.cache.buckets import open_buckets
-    from app.cache.invalidation import BucketedInvalidator, CacheInvalidator
-    from app.cache.version import ScopeGenerations, VersionTag
-    from app.policy import Policy
-
-    policy = Policy.load(settings.resolve(settings.policy_file))
-    buckets = await open_buckets(msgspec.structs.replace(settings.redis, timeout_s=10.0))
-    embedder = None
-    try:
-        if with_semantic and settings.semantic.enabled:
-            from app.embed import BatchingEmbedder, load_encoder
-
-            options = settings.semantic
-            encoder = await asyncio.to_thread(load_encoder, options.embedder, options.embedder_model)
-            embedder = BatchingEmbedder(encoder)
-        each = []
-        for bucket in buckets.all:
-            semantic = None
-            if embedder is not None:
-                from app.cache.semantic import SemanticCache
-
-                semantic = SemanticCache(bucket.redis, embedder, settings.resolve(settings.semantic.index_schema),
-                                         keys=bucket.keys)
-            each.append(CacheInvalidator(bucket.redis, VersionTag(bucket.redis, bucket.keys),
-                                         ScopeGenerations(bucket.redis, bucket.keys), policy, semantic,
-                                         audit=buckets.shared))
-        yield BucketedInvalidator(buckets, each, policy) if buckets.clustered else each[0], each
-    finally:
-        await buckets.aclose()
-        if embedder is not None:
-            embedder.close()
 
 
 def cmd_invalidate(args: argparse.Namespace, settings: Settings) -> int:
@@ -96,31 +45,33 @@ def cmd_invalidate(args: argparse.Namespace, settings: Settings) -> int:
     what = Invalidation(category=args.category, tenant=args.tenant, key=args.key, question=args.question,
                         model=args.model, system=args.system, faq=args.faq, user=args.user)
     if what.kind == "everything" and not args.all:
-        return _fail("say what to invalidate: --all, --category, --tenant, --key, --question, --faq or --user")
+        return fail("say what to invalidate: --all, --category, --tenant, --key, --question, --faq or --user")
     if args.all and what.kind != "everything":
-        return _fail("--all goes alone")
+        return fail("--all goes alone")
 
     async def go() -> tuple[Any, int]:
-        async with _invalidator(settings, with_semantic=what.kind in ("question", "key")) as (invalidator, each):
-            done = await invalidator.invalidate(what, who=_operator())
+        from app.assembly import open_cache
+
+        async with open_cache(settings, semantic=what.kind in ("question", "key")) as cache:
+            done = await cache.invalidator.invalidate(what, who=_operator())
             swept = 0
-            for bucket in each if done.kind in ("everything", "scope") else ():
-                current = await bucket.versions.refresh()
+            for each in cache.each if done.kind in ("everything", "scope") else ():
+                bucket, current = each.bucket, await each.versions.refresh()
                 if done.kind == "everything":
-                    swept += await sweep_stale_versions(bucket.redis, current, keys=bucket.versions.keys)
+                    swept += await sweep_stale_versions(bucket.redis, current, keys=bucket.keys)
                 else:
-                    swept += await sweep_stale_generations(bucket.redis, current, keys=bucket.versions.keys)
+                    swept += await sweep_stale_generations(bucket.redis, current, keys=bucket.keys)
             return done, swept
 
     try:
         done, swept = asyncio.run(go())
     except InvalidationError as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     except NothingThere as exc:
         print(f"strata: {exc}", file=sys.stderr)
         return 1
     except (RedisError, OSError) as exc:
-        return _fail(f"Redis at {settings.redis.shown_url}: {exc}")
+        return fail(f"Redis at {settings.redis.shown_url}: {exc}")
     result = {**msgspec.to_builtins(done), "swept": swept}
     if args.json:
         print(json.dumps(result))
@@ -133,16 +84,18 @@ def cmd_audit(args: argparse.Namespace, settings: Settings) -> int:
     from redis.exceptions import RedisError
 
     if not 1 <= args.count <= 10_000:
-        return _fail("--count must be between 1 and 10000")
+        return fail("--count must be between 1 and 10000")
 
     async def go() -> list[dict[str, str]]:
-        async with _invalidator(settings, with_semantic=False) as (invalidator, _):
-            return await invalidator.audit(args.count)
+        from app.assembly import open_cache
+
+        async with open_cache(settings, semantic=False) as cache:
+            return await cache.invalidator.audit(args.count)
 
     try:
         rows = asyncio.run(go())
     except (RedisError, OSError) as exc:
-        return _fail(f"Redis at {settings.redis.shown_url}: {exc}")
+        return fail(f"Redis at {settings.redis.shown_url}: {exc}")
     if args.json:
         print(json.dumps(rows))
         return 0
@@ -222,14 +175,16 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
     from redis.exceptions import RedisError
 
     async def go() -> dict[str, Any]:
-        async with _invalidator(settings, with_semantic=False) as (invalidator, each):
-            return await collect_stats([(b.redis, b.versions.keys, await b.versions.refresh()) for b in each],
-                                       invalidator.audit_redis, args.top)
+        from app.assembly import open_cache
+
+        async with open_cache(settings, semantic=False) as cache:
+            return await collect_stats([(b.bucket.redis, b.bucket.keys, await b.versions.refresh()) for b in cache.each],
+                                       cache.shared, args.top)
 
     try:
         stats = asyncio.run(go())
     except (RedisError, OSError) as exc:
-        return _fail(f"Redis at {settings.redis.shown_url}: {exc}")
+        return fail(f"Redis at {settings.redis.shown_url}: {exc}")
     if args.json:
         print(json.dumps(stats))
         return 0
@@ -291,12 +246,15 @@ def cmd_inspect(args: argparse.Namespace, settings: Settings) -> int:
     from app.cache.invalidation import ENTRY_KEY, Invalidation, InvalidationError, NothingThere
 
     if (args.key is None) == (args.question is None):
-        return _fail("name an entry: a KEY or --question (with --model)")
+        return fail("name an entry: a KEY or --question (with --model)")
     if args.key is not None and not ENTRY_KEY.match(args.key):
-        return _fail(f"not a Strata entry key: {args.key!r}")
+        return fail(f"not a Strata entry key: {args.key!r}")
 
     async def go() -> dict[str, Any]:
-        async with _invalidator(settings, with_semantic=True) as (invalidator, _):
+        from app.assembly import open_cache
+
+        async with open_cache(settings, semantic=True) as cache:
+            invalidator = cache.invalidator
             key = args.key
             if key is None:
                 what = Invalidation(question=args.question, model=args.model, category=args.category,
@@ -309,12 +267,12 @@ def cmd_inspect(args: argparse.Namespace, settings: Settings) -> int:
     try:
         described = asyncio.run(go())
     except InvalidationError as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     except (NothingThere, LookupError) as exc:
         print(f"strata: {exc}", file=sys.stderr)
         return 1
     except (RedisError, OSError) as exc:
-        return _fail(f"Redis at {settings.redis.shown_url}: {exc}")
+        return fail(f"Redis at {settings.redis.shown_url}: {exc}")
     if args.json:
         print(json.dumps(described, ensure_ascii=False))
         return 0

@@ -15,7 +15,7 @@ from app.errors import CacheUnavailable, Forbidden, InvalidRequest, NotFound, Un
 from app.lifespan import Resources, sweep_generations_after, sweep_versions_after
 
 
-def require_admin(request: Request, resources: Resources) -> None:
+def require_admin(request: Request[Any, Any, Any], resources: Resources) -> None:
     token = resources.settings.admin_token
     if not token:
         raise Forbidden("admin endpoints are disabled: set STRATA_ADMIN_TOKEN to enable them", code="admin_disabled")
@@ -31,7 +31,7 @@ OPERATOR_HEADER = "x-strata-operator"
 _invalidation_decoder = msgspec.json.Decoder(Invalidation)
 
 
-def operator(request: Request) -> str:
+def operator(request: Request[Any, Any, Any]) -> str:
     name = request.headers.get(OPERATOR_HEADER, "").strip()[:64] or "admin"
     client = request.client.host if request.client else "unknown"
     return f"{name}@{client}"
@@ -41,7 +41,7 @@ class AdminController(Controller):
     path = "/admin"
 
     @post("/cache/invalidate", status_code=200)
-    async def invalidate(self, request: Request, resources: Resources) -> dict[str, Any]:
+    async def invalidate(self, request: Request[Any, Any, Any], resources: Resources) -> dict[str, Any]:
         """Invalidate cached answers; the JSON body names what (empty: everything).
 
         ``{}``: bump the version (every entry). ``{"category": ..., "tenant": ...}`` (either or
@@ -57,7 +57,7 @@ class AdminController(Controller):
         except msgspec.DecodeError as exc:
             raise InvalidRequest(f"invalid invalidation: {exc}", code="invalid_invalidation") from exc
         try:
-            done = await resources.invalidator.invalidate(what, who=operator(request))
+            done = await resources.cache.invalidator.invalidate(what, who=operator(request))
         except InvalidationError as exc:
             raise InvalidRequest(str(exc), code="invalid_invalidation") from exc
         except NothingThere as exc:
@@ -72,15 +72,16 @@ class AdminController(Controller):
             return {"previous_version": previous, "version": done.version}
         if done.kind == "scope":
             resources.spawn(sweep_generations_after(resources), f"sweep-{done.target}")
-        return msgspec.to_builtins(done)
+        described: dict[str, Any] = msgspec.to_builtins(done)
+        return described
 
     @get("/cache/audit", status_code=200)
-    async def audit(self, request: Request, resources: Resources, count: int = 50) -> dict[str, Any]:
+    async def audit(self, request: Request[Any, Any, Any], resources: Resources, count: int = 50) -> dict[str, Any]:
         """The latest invalidations, newest first (at most ``count``, 1 to 1000)."""
         require_admin(request, resources)
         if not 1 <= count <= 1000:
             raise InvalidRequest("count must be between 1 and 1000", param="count")
         try:
-            return {"object": "list", "data": await resources.invalidator.audit(count)}
+            return {"object": "list", "data": await resources.cache.invalidator.audit(count)}
         except CACHE_ERRORS as exc:
             raise CacheUnavailable(f"the cache's Redis did not answer: {exc!r}", code="cache_unavailable") from exc

@@ -4,22 +4,20 @@ chat), ``/v1/embeddings`` (exact-cached) and every other ``/v1/`` path, passed t
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from litestar import Controller, Request, Response, post, route
 from litestar.response import Stream
 
 from app.api.chat import chat_call
 from app.api.protocol import check_tool_fields, completion_as_chat, parse_view, read_body
-from app.cache.base import CACHE_ERRORS
-from app.cache.embeddings import embeddings_digest
-from app.errors import StrataError
 from app.lifespan import Resources
 from app.wire import CompletionRequest, EmbeddingRequest, chat_as_legacy, completion_decoder, json_encoder
 
 logger = logging.getLogger("strata.api")
 
 
-async def passthrough(request: Request, resources: Resources, path: str, body: bytes) -> Response[bytes] | Stream:
+async def passthrough(request: Request[Any, Any, Any], resources: Resources, path: str, body: bytes) -> Response[bytes] | Stream:
     """Send a request to the upstream as it came, and its answer back as it comes (no cache)."""
     status, headers, chunks = await resources.upstream.forward(
         request.method, path, request.url.query or "", dict(request.headers), body)
@@ -33,7 +31,7 @@ class OpenAISurfaceController(Controller):
     path = "/v1"
 
     @post("/completions", status_code=200)
-    async def completions(self, request: Request, resources: Resources) -> Response[bytes] | Stream:
+    async def completions(self, request: Request[Any, Any, Any], resources: Resources) -> Response[bytes] | Stream:
         """Create a text completion (legacy, OpenAI-compatible). One text prompt without echo,
         logprobs, suffix or several choices goes through the cache layers like a chat question
         (exact and semantic on the prompt); anything else, streaming included, is passed through."""
@@ -53,40 +51,20 @@ class OpenAISurfaceController(Controller):
         return Response(content=answer, media_type="application/json", headers=result.headers)
 
     @post("/embeddings", status_code=200)
-    async def embeddings(self, request: Request, resources: Resources) -> Response[bytes]:
+    async def embeddings(self, request: Request[Any, Any, Any], resources: Resources) -> Response[bytes]:
         """Create embeddings (OpenAI-compatible), exact-cached: the same input by the same model
         with the same options gets the stored vectors."""
         tenant = resources.tenants.tenant(request.headers.get("authorization"))
         resources.rate_limiter.admit(tenant)
         limits = resources.settings.limits
         embedding, raw = parse_view(await read_body(request, limits.body_timeout_s), EmbeddingRequest, limits.max_json_depth)
-        counter = resources.metrics.embedding_requests
-        cache, key = resources.embeddings, None
-        if cache is not None and request.headers.get("cache-control", "").lower() != "no-store":
-            try:
-                key, stored = await cache.lookup(embeddings_digest(tenant, raw))
-            except CACHE_ERRORS as exc:
-                resources.metrics.cache_failed("embeddings", "lookup", exc)
-                key = stored = None
-            if stored is not None:
-                counter.labels("exact-hit").inc()
-                return Response(content=stored, media_type="application/json", headers={"X-Cache": "exact-hit"})
-        try:
-            answer = await resources.upstream.embeddings(raw)
-        except StrataError:
-            counter.labels("error").inc()
-            raise
-        if cache is not None and key is not None:
-            try:
-                await cache.store(key, tenant, embedding.model, answer)
-            except CACHE_ERRORS as exc:
-                resources.metrics.cache_failed("embeddings", "store", exc)
-        outcome = "miss" if key is not None else "bypass"
-        counter.labels(outcome).inc()
+        use_cache = request.headers.get("cache-control", "").lower() != "no-store"
+        answer, outcome = await resources.cache.embeddings.create(tenant, embedding.model, raw, resources.upstream.embeddings,
+                                                                  use_cache=use_cache)
         return Response(content=answer, media_type="application/json", headers={"X-Cache": outcome})
 
     @route("/{path:path}", http_method=["GET", "POST", "PUT", "PATCH", "DELETE"], status_code=200)
-    async def other(self, request: Request, resources: Resources, path: str) -> Response[bytes] | Stream:
+    async def other(self, request: Request[Any, Any, Any], resources: Resources, path: str) -> Response[bytes] | Stream:
         """Any other path under ``/v1/``: passed through to the upstream untouched, never cached."""
         resources.tenants.tenant(request.headers.get("authorization"))
         body = await read_body(request, resources.settings.limits.body_timeout_s)

@@ -30,12 +30,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisClusterException, RedisError
 from redis.retry import Retry
 
-from app.cache.base import CacheHit, CacheQuery
-from app.cache.keys import BUCKETS_KEY, KEYS, CanonicalRequest, Keyspace
-from app.cache.layered import CacheMode, CachePlan, LayeredCache
-from app.cache.version import VersionTag
-from app.metrics import Metrics
-from app.policy import CategoryPolicy
+from app.cache.keys import BUCKETS_KEY, KEYS, Keyspace, as_text
 from app.settings import RedisSettings
 
 logger = logging.getLogger("strata.buckets")
@@ -128,7 +123,7 @@ def choose_tags(count: int, owner: Callable[[str], str], masters: Sequence[str])
     Returns:
         The tags, in an order that takes each master in turn.
     """
-    per_master = {master: [] for master in masters}
+    per_master: dict[str, list[str]] = {master: [] for master in masters}
     share = -(-count // len(masters))
     for probe in range(MAX_TAG_PROBES):
         if sum(len(tags) for tags in per_master.values()) >= share * len(masters):
@@ -142,6 +137,18 @@ def choose_tags(count: int, owner: Callable[[str], str], masters: Sequence[str])
     if len(interleaved) < count:
         raise RuntimeError(f"found tags for {len(interleaved)} of {count} buckets")
     return interleaved[:count]
+
+
+def master_of(cluster: RedisCluster, tag: str) -> tuple[str, int]:
+    """(host, port) of the master owning a hash tag's slot in the slot map last read.
+
+    Raises:
+        ClusterUnavailable: No node owns the slot (a cluster in the middle of a change).
+    """
+    node = cluster.get_node_from_key(f"{{{tag}}}")
+    if node is None:
+        raise ClusterUnavailable(f"no master owns the slot of {{{tag}}}")
+    return str(node.host), int(node.port)
 
 
 def bucket_of(tenant: str, category: str, count: int) -> int:
@@ -184,13 +191,13 @@ class Buckets:
         await self.shared.nodes_manager.initialize()
         moved = 0
         for bucket in self.all:
-            node = self.shared.get_node_from_key(f"{{{bucket.tag}}}")
-            address = f"{node.host}:{node.port}"
+            host, port = master_of(self.shared, bucket.tag)
+            address = f"{host}:{port}"
             if address != bucket.address:
                 logger.warning("bucket %s moved from %s to %s", bucket.keys.namespace, bucket.address, address)
                 pool = bucket.redis.connection_pool
                 assert isinstance(pool, BucketPool)
-                await pool.move_to(node.host, node.port)
+                await pool.move_to(host, port)
                 bucket.address = address
                 moved += 1
         return moved
@@ -249,16 +256,17 @@ async def open_buckets(settings: RedisSettings) -> Buckets:
         return Buckets([Bucket(KEYS, redis, settings.url)], redis, clustered=False)
     nodes = [ClusterNode(host, port) for host, port in cluster_nodes(settings.url)]
     for attempt in range(1, STARTUP_ATTEMPTS + 1):
+        credentials = cluster_credentials(settings.url)
         cluster = RedisCluster(startup_nodes=nodes, protocol=2, socket_timeout=settings.timeout_s,
                                socket_connect_timeout=settings.timeout_s, max_connections=settings.max_connections,
-                               **cluster_credentials(settings.url))
+                               username=credentials.get("username"), password=credentials.get("password"))
         try:
             await cluster.initialize()
             masters = sorted(f"{node.host}:{node.port}" for node in cluster.get_primaries())
 
             def owner(tag: str, cluster: RedisCluster = cluster) -> str:
-                node = cluster.get_node_from_key(f"{{{tag}}}")
-                return f"{node.host}:{node.port}"
+                host, port = master_of(cluster, tag)
+                return f"{host}:{port}"
 
             tags = await _stored_tags(cluster, settings.buckets or 3 * len(masters), owner, masters)
             break
@@ -289,60 +297,8 @@ async def _stored_tags(cluster: RedisCluster, count: int, owner: Callable[[str],
     if stored is None:
         await cluster.set(BUCKETS_KEY, ",".join(choose_tags(count, owner, masters)), nx=True)
         stored = await cluster.get(BUCKETS_KEY)
-    tags = (stored.decode() if isinstance(stored, bytes) else str(stored)).split(",")
+    tags = str(as_text(stored)).split(",")
     if len(tags) != count:
         logger.warning("the cluster holds %d buckets (%s); STRATA_REDIS_BUCKETS=%d is ignored: changing the "
                        "count would move every tenant's entries", len(tags), BUCKETS_KEY, count)
     return tags
-
-
-class BucketedCache:
-    """The layered caches of a cluster's buckets behind the interface of one
-    :class:`~app.cache.layered.LayeredCache`: each request goes to its bucket's.
-
-    Args:
-        buckets: The buckets (none yet: every request is a bypass, counted as a cache failure).
-        caches: One layered cache per bucket, in the buckets' order.
-        metrics: Where a cache that is not there yet is counted.
-    """
-
-    def __init__(self, buckets: Buckets, caches: Sequence[LayeredCache], metrics: Metrics) -> None:
-        if len(caches) != len(buckets.all):
-            raise ValueError("one layered cache per bucket")
-        self._buckets = buckets
-        self._metrics = metrics
-        self.caches = tuple(caches)
-
-    @property
-    def versions(self) -> VersionTag:
-        """The first bucket's version tag (every bump moves all of them)."""
-        return self.caches[0].versions
-
-    def _of(self, query: CacheQuery) -> LayeredCache:
-        return self.caches[self._buckets.of(query.canonical.tenant, query.category.name)]
-
-    async def plan(self, canonical: CanonicalRequest, category: CategoryPolicy, mode: CacheMode) -> CachePlan:
-        if not self.caches:
-            if mode is CacheMode.USE or mode is CacheMode.REFRESH:
-                self._metrics.cache_failed("version", "read", ClusterUnavailable("the cluster has not answered yet"))
-                return CachePlan(CacheMode.UNAVAILABLE)
-            return CachePlan(mode)
-        return await self.caches[self._buckets.of(canonical.tenant, category.name)].plan(canonical, category, mode)
-
-    async def lookup(self, plan: CachePlan) -> tuple[CachePlan, CacheHit | None]:
-        if plan.query is None:
-            return plan, None
-        return await self._of(plan.query).lookup(plan)
-
-    def lease_key(self, query: CacheQuery) -> str:
-        return self._of(query).lease_key(query)
-
-    async def read_exact(self, query: CacheQuery) -> bytes | None:
-        return await self._of(query).read_exact(query)
-
-    async def store(self, plan: CachePlan, raw: bytes, completion: dict[str, Any]) -> None:
-        if plan.query is not None:
-            await self._of(plan.query).store(plan, raw, completion)
-
-    async def settle(self) -> None:
-        await asyncio.gather(*(cache.settle() for cache in self.caches))

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
 from redis.asyncio import Redis
 
+from app.cache.base import CACHE_ERRORS
 from app.cache.keys import (
     FIELD_ANSWER,
     FIELD_CREATED_AT,
@@ -23,6 +25,7 @@ from app.cache.keys import (
     FIELD_TENANT,
 )
 from app.cache.version import VersionTag
+from app.metrics import Metrics
 
 _key_encoder = msgspec.json.Encoder(order="deterministic")
 # Confirm the version tag (a bump anywhere counts at once), then read and count a hit in one
@@ -78,3 +81,59 @@ class EmbeddingsCache:
                                     FIELD_CREATED_AT: int(time.time()), FIELD_HITS: 0})
             pipe.expire(key, self._ttl_s)
             await pipe.execute()
+
+
+# The upstream's embeddings call: the request body -> the response body as received.
+FetchEmbeddings = Callable[[dict[str, Any]], Awaitable[bytes]]
+
+
+class CachedEmbeddings:
+    """``/v1/embeddings`` cache-aside: the stored response, else the upstream's, stored.
+
+    Args:
+        stored: The cache; ``None`` when off (``STRATA_EMBEDDINGS_TTL_S=0``, or no Redis yet).
+        metrics: Where requests and cache failures are counted (a failure is a bypass).
+    """
+
+    def __init__(self, stored: EmbeddingsCache | None, metrics: Metrics) -> None:
+        self._stored = stored
+        self._metrics = metrics
+
+    async def create(self, tenant: str, model: str, raw: dict[str, Any], fetch: FetchEmbeddings, *,
+                     use_cache: bool = True) -> tuple[bytes, str]:
+        """The response body and its ``X-Cache`` outcome (``exact-hit``, ``miss``, ``bypass``).
+
+        Args:
+            tenant: Whose request (part of the key).
+            model: The model named.
+            raw: The request body as sent.
+            fetch: The upstream call, on a miss.
+            use_cache: ``False`` for ``Cache-Control: no-store``: neither read nor written.
+
+        Raises:
+            StrataError: The upstream failed (counted as ``error``).
+        """
+        counter = self._metrics.embedding_requests
+        cache, key = self._stored if use_cache else None, None
+        if cache is not None:
+            try:
+                key, found = await cache.lookup(embeddings_digest(tenant, raw))
+            except CACHE_ERRORS as exc:
+                self._metrics.cache_failed("embeddings", "lookup", exc)
+                key = found = None
+            if found is not None:
+                counter.labels("exact-hit").inc()
+                return found, "exact-hit"
+        try:
+            answer = await fetch(raw)
+        except Exception:
+            counter.labels("error").inc()
+            raise
+        if cache is not None and key is not None:
+            try:
+                await cache.store(key, tenant, model, answer)
+            except CACHE_ERRORS as exc:
+                self._metrics.cache_failed("embeddings", "store", exc)
+        outcome = "miss" if key is not None else "bypass"
+        counter.labels(outcome).inc()
+        return answer, outcome

@@ -14,17 +14,16 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 from redis.asyncio import Redis
 
-from app.cache.base import CacheHit, CacheQuery
-from app.cache.buckets import Buckets, ClusterUnavailable
+from app.cache.base import CacheHit, CacheQuery, SharedRedis
 from app.cache.exact import exact_key
 from app.cache.keys import (
     AUDIT_KEY,
+    FAQ_SET_NAME,
     FIELD_CATEGORY,
     FIELD_GENERATION,
     FIELD_ROOT,
@@ -34,13 +33,14 @@ from app.cache.keys import (
     NAMESPACE,
     NO_GENERATION,
     Keyspace,
+    as_text,
     canonicalize,
     generation_of,
     scope_fields,
 )
 from app.cache.semantic import SemanticCache
 from app.cache.version import ScopeGenerations, VersionTag
-from app.policy import Policy
+from app.policy import Policy, UnknownCategory
 from app.wire import ChatCompletionRequest
 
 logger = logging.getLogger("strata.invalidation")
@@ -52,7 +52,6 @@ AUDIT_MAX_LEN = 10_000
 ENTRY_KEY = re.compile(
     rf"^(?P<namespace>{NAMESPACE}(?::\{{[A-Za-z0-9]+\}})?):(?P<tag>v[1-9][0-9]*):(exact|sem):(faq-)?[0-9a-f]{{64}}$"
 )
-FAQ_SET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
 class InvalidationError(ValueError):
@@ -114,6 +113,75 @@ class Invalidated(msgspec.Struct, frozen=True, kw_only=True):
     generation_field: str | None = None
 
 
+def check_invalidation(what: Invalidation, policy: Policy) -> None:
+    """Raise :class:`InvalidationError` unless ``what`` names one well-formed target."""
+    targets = sum(x is not None for x in (what.key, what.question, what.faq))
+    if targets > 1:
+        raise InvalidationError("name one of key, question and faq")
+    if what.key is not None and (what.category or what.tenant or what.model or what.system):
+        raise InvalidationError("key names an entry on its own: no category, tenant, model or system with it")
+    if what.key is not None and not ENTRY_KEY.match(what.key):
+        raise InvalidationError(f"not a Strata entry key: {what.key!r} (strata:vN:exact:<sha256> or strata:vN:sem:<sha256>)")
+    if what.faq is not None and (what.category or what.tenant or not FAQ_SET_NAME.match(what.faq)):
+        raise InvalidationError(f"faq takes a file's name alone, matching {FAQ_SET_NAME.pattern}")
+    if what.category is not None:
+        try:
+            policy.category(what.category)
+        except UnknownCategory as exc:
+            raise InvalidationError(str(exc)) from exc
+    if what.tenant is not None and not 0 < len(what.tenant) <= 256:
+        raise InvalidationError("a tenant name has 1 to 256 characters")
+    if what.question is not None and (not what.question.strip() or not what.model):
+        raise InvalidationError("question needs a non-empty text and the model of its requests")
+    if (what.model is not None or what.system is not None) and what.question is None:
+        raise InvalidationError("model and system go with question")
+    if what.user is not None and (what.tenant is None or targets or not 0 < len(what.user) <= 256):
+        raise InvalidationError("user names a user of one tenant: with tenant (and optionally category), "
+                                "1 to 256 characters")
+
+
+
+class AuditLog:
+    """The audit stream ``strata:meta:audit``, outside any bucket (the cluster client routes it).
+
+    Args:
+        redis: The Redis of the keys outside any bucket.
+    """
+
+    def __init__(self, redis: SharedRedis) -> None:
+        self.redis = redis
+
+    async def record(self, what: Invalidation, done: Invalidated, who: str) -> None:
+        await self.redis.xadd(AUDIT_KEY, {"who": who, "kind": done.kind, "target": done.target, "deleted": done.deleted,
+                                          "request": msgspec.json.encode(what).decode(), "at": int(time.time())},
+                              maxlen=AUDIT_MAX_LEN, approximate=True)
+        logger.info("invalidated %s %s by %s (%d deleted)", done.kind, done.target, who, done.deleted)
+
+    async def latest(self, count: int = 50) -> list[dict[str, str]]:
+        """The latest invalidations, newest first."""
+        rows = await self.redis.xrevrange(AUDIT_KEY, count=count)
+        return [{"id": str(as_text(entry_id)), **{str(as_text(k)): str(as_text(v)) for k, v in (fields or {}).items()}}
+                for entry_id, fields in rows or []]
+
+
+class Invalidator(Protocol):
+    """What the admin endpoint and ``strata cache`` ask of invalidation: one keyspace's
+    :class:`CacheInvalidator`, or a cluster's buckets behind one (app/cache/routed.py)."""
+
+    @property
+    def audit_log(self) -> AuditLog: ...
+
+    def check(self, what: Invalidation) -> None: ...
+
+    async def invalidate(self, what: Invalidation, *, who: str) -> Invalidated: ...
+
+    async def audit(self, count: int = 50) -> list[dict[str, str]]: ...
+
+    async def entry_of_question(self, what: Invalidation) -> str: ...
+
+    def for_key(self, key: str) -> CacheInvalidator: ...
+
+
 class CacheInvalidator:
     """Carries out invalidations against one Redis (or one cluster bucket).
 
@@ -123,13 +191,13 @@ class CacheInvalidator:
         generations: The (category, tenant) generations.
         policy: The categories (names are checked against it).
         semantic: The semantic layer, to find a question's entry; ``None`` without one.
-        audit: Where the audit stream lives; ``redis`` when ``None`` (on a cluster, the cluster client).
+        audit: The audit stream; on ``redis`` when ``None``.
     """
 
     def __init__(self, redis: Redis, versions: VersionTag, generations: ScopeGenerations, policy: Policy,
-                 semantic: SemanticCache | None, audit: Redis | None = None) -> None:
+                 semantic: SemanticCache | None, audit: AuditLog | None = None) -> None:
         self._redis = redis
-        self._audit = redis if audit is None else audit
+        self._audit = AuditLog(redis) if audit is None else audit
         self._versions = versions
         self._generations = generations
         self._policy = policy
@@ -140,8 +208,7 @@ class CacheInvalidator:
         return self._redis
 
     @property
-    def audit_redis(self) -> Redis:
-        """Where the audit stream and the other keys outside any bucket live."""
+    def audit_log(self) -> AuditLog:
         return self._audit
 
     @property
@@ -154,26 +221,7 @@ class CacheInvalidator:
 
     def check(self, what: Invalidation) -> None:
         """Raise :class:`InvalidationError` unless ``what`` names one well-formed target."""
-        targets = sum(x is not None for x in (what.key, what.question, what.faq))
-        if targets > 1:
-            raise InvalidationError("name one of key, question and faq")
-        if what.key is not None and (what.category or what.tenant or what.model or what.system):
-            raise InvalidationError("key names an entry on its own: no category, tenant, model or system with it")
-        if what.key is not None and not ENTRY_KEY.match(what.key):
-            raise InvalidationError(f"not a Strata entry key: {what.key!r} (strata:vN:exact:<sha256> or strata:vN:sem:<sha256>)")
-        if what.faq is not None and (what.category or what.tenant or not FAQ_SET_NAME.match(what.faq)):
-            raise InvalidationError(f"faq takes a file's name alone, matching {FAQ_SET_NAME.pattern}")
-        if what.category is not None and what.category not in self._policy.categories:
-            raise InvalidationError(f"unknown category {what.category!r}; known: {', '.join(sorted(self._policy.categories))}")
-        if what.tenant is not None and not 0 < len(what.tenant) <= 256:
-            raise InvalidationError("a tenant name has 1 to 256 characters")
-        if what.question is not None and (not what.question.strip() or not what.model):
-            raise InvalidationError("question needs a non-empty text and the model of its requests")
-        if (what.model is not None or what.system is not None) and what.question is None:
-            raise InvalidationError("model and system go with question")
-        if what.user is not None and (what.tenant is None or targets or not 0 < len(what.user) <= 256):
-            raise InvalidationError("user names a user of one tenant: with tenant (and optionally category), "
-                                    "1 to 256 characters")
+        check_invalidation(what, self._policy)
 
     async def invalidate(self, what: Invalidation, *, who: str) -> Invalidated:
         """Carry out one invalidation and record it in the audit stream.
@@ -184,10 +232,7 @@ class CacheInvalidator:
         """
         self.check(what)
         done = await self.carry_out(what)
-        await self._audit.xadd(AUDIT_KEY, {"who": who, "kind": done.kind, "target": done.target, "deleted": done.deleted,
-                                           "request": msgspec.json.encode(what).decode(), "at": int(time.time())},
-                               maxlen=AUDIT_MAX_LEN, approximate=True)
-        logger.info("invalidated %s %s by %s (%d deleted)", done.kind, done.target, who, done.deleted)
+        await self._audit.record(what, done, who)
         return done
 
     async def carry_out(self, what: Invalidation) -> Invalidated:
@@ -201,10 +246,10 @@ class CacheInvalidator:
             done = Invalidated(kind=kind, target=field, generation_field=field)
         elif kind == "key":
             assert what.key is not None
-            done = Invalidated(kind=kind, target=what.key, deleted=await self._delete_entry(what.key))
+            done = Invalidated(kind=kind, target=what.key, deleted=await self.delete_entry(what.key))
         elif kind == "question":
             key = await self.entry_of_question(what)
-            done = Invalidated(kind=kind, target=key, deleted=await self._delete_entry(key))
+            done = Invalidated(kind=kind, target=key, deleted=await self.delete_entry(key))
         elif kind == "user":
             assert what.user is not None and what.tenant is not None
             deleted = await self._delete_user(what.tenant, what.user, what.category)
@@ -230,7 +275,7 @@ class CacheInvalidator:
                         pipe.hmget(key, [FIELD_TENANT, FIELD_USER, FIELD_CATEGORY])
                     rows = await pipe.execute()
                 mine = [key for key, (t, u, c) in zip(chunk, rows, strict=True)
-                        if _text(t) == tenant and _text(u) == user and (category is None or _text(c) == category)]
+                        if as_text(t) == tenant and as_text(u) == user and (category is None or as_text(c) == category)]
                 if mine:
                     deleted += int(await self._redis.unlink(*mine))
         return deleted
@@ -241,12 +286,11 @@ class CacheInvalidator:
 
     async def audit(self, count: int = 50) -> list[dict[str, str]]:
         """The latest invalidations, newest first."""
-        rows = await self._audit.xrevrange(AUDIT_KEY, count=count)
-        return [{"id": _text(entry_id), **{_text(k): _text(v) for k, v in fields.items()}} for entry_id, fields in rows]
+        return await self._audit.latest(count)
 
-    async def _delete_entry(self, key: str) -> int:
+    async def delete_entry(self, key: str) -> int:
         """Delete an entry and, for a semantic one, every document of its entry (its aliases)."""
-        root = _text(await self._redis.hget(key, FIELD_ROOT)) or key
+        root = as_text(await self._redis.hget(key, FIELD_ROOT)) or key
         if not await self._redis.exists(key):
             raise NothingThere(f"no entry {key}")
         keys = {key, root}
@@ -258,8 +302,7 @@ class CacheInvalidator:
 
     async def entry_of_question(self, what: Invalidation) -> str:
         """The key of the entry a request with this question would be served from."""
-        category = self._policy.get(what.category)
-        assert category is not None  # checked
+        category = self._policy.category(what.category)  # checked
         messages: list[dict[str, Any]] = [{"role": "system", "content": what.system}] if what.system else []
         messages.append({"role": "user", "content": what.question})
         raw = {"model": what.model, "messages": messages}
@@ -294,69 +337,6 @@ class CacheInvalidator:
         return int(deleted)
 
 
-class BucketedInvalidator(CacheInvalidator):
-    """Invalidations on a Redis Cluster: a version bump or a scope moves every bucket's copy,
-    a key, a question or a file goes to the buckets that can hold it. Audited once.
-
-    Args:
-        buckets: The buckets (none yet: every invalidation fails as Redis being down would).
-        invalidators: One invalidator per bucket, in the buckets' order.
-        policy: The categories.
-    """
-
-    def __init__(self, buckets: Buckets, invalidators: Sequence[CacheInvalidator], policy: Policy) -> None:
-        first = invalidators[0] if invalidators else None
-        super().__init__(first.redis if first else None, first.versions if first else None,  # type: ignore[arg-type]
-                         first._generations if first else None, policy, first.semantic if first else None,  # type: ignore[arg-type]
-                         audit=buckets.shared)
-        self._buckets = buckets
-        self._each = tuple(invalidators)
-
-    async def invalidate(self, what: Invalidation, *, who: str) -> Invalidated:
-        if not self._each:
-            self.check(what)
-            raise ClusterUnavailable("the Redis Cluster has not answered since start-up")
-        return await super().invalidate(what, who=who)
-
-    async def audit(self, count: int = 50) -> list[dict[str, str]]:
-        if not self._each:
-            raise ClusterUnavailable("the Redis Cluster has not answered since start-up")
-        return await super().audit(count)
-
-    def for_key(self, key: str) -> CacheInvalidator:
-        index = self._buckets.holding(key)
-        if index is None:
-            raise NothingThere(f"no bucket of this cluster holds {key}")
-        return self._each[index]
-
-    async def entry_of_question(self, what: Invalidation) -> str:
-        category = self._policy.get(what.category)
-        assert category is not None  # checked
-        return await self._each[self._buckets.of(what.tenant or "default", category.name)].entry_of_question(what)
-
-    async def carry_out(self, what: Invalidation) -> Invalidated:
-        kind = what.kind
-        if kind == "user":
-            done = await asyncio.gather(*(each.carry_out(what) for each in self._each))
-            return msgspec.structs.replace(done[0], deleted=sum(d.deleted for d in done))
-        if kind in ("everything", "scope"):
-            # Each bucket's lookups check their own copy atomically: no bucket is half-invalidated.
-            done = await asyncio.gather(*(each.carry_out(what) for each in self._each))
-            logger.info("%s moved in %d buckets", done[0].target, len(done))
-            return done[0]
-        if kind in ("key", "question"):
-            key = what.key if what.key is not None else await self.entry_of_question(what)
-            return Invalidated(kind=kind, target=key, deleted=await self.for_key(key)._delete_entry(key))
-        results = await asyncio.gather(*(each.carry_out(what) for each in self._each), return_exceptions=True)
-        failures = [r for r in results if isinstance(r, BaseException) and not isinstance(r, NothingThere)]
-        if failures:
-            raise failures[0]
-        found = [r for r in results if isinstance(r, Invalidated)]
-        if not found:
-            raise NothingThere(f"no curated answers loaded under {what.faq!r}")
-        return Invalidated(kind=kind, target=found[0].target, deleted=sum(r.deleted for r in found))
-
-
 async def sweep_stale_generations(redis: Redis, tag: str, *, keys: Keyspace = KEYS, batch: int = 500) -> int:
     """Delete the entries of version ``tag`` stored under an older generation of their scope.
 
@@ -380,10 +360,10 @@ async def sweep_stale_generations(redis: Redis, tag: str, *, keys: Keyspace = KE
             for key, (category, tenant, stored) in zip(chunk, rows, strict=True):
                 if category is None or tenant is None:
                     continue  # gone meanwhile
-                scope = (_text(category), _text(tenant))
+                scope = (str(as_text(category)), str(as_text(tenant)))
                 if scope not in generations:
                     generations[scope] = generation_of(await redis.hmget(keys.scopes_key, list(scope_fields(*scope))))
-                if (_text(stored) or NO_GENERATION) != generations[scope]:
+                if (as_text(stored) or NO_GENERATION) != generations[scope]:
                     stale.append(key)
             if stale:
                 deleted += int(await redis.unlink(*stale))
@@ -392,6 +372,3 @@ async def sweep_stale_generations(redis: Redis, tag: str, *, keys: Keyspace = KE
         logger.info("swept %d entries of stale generations (%s)", deleted, tag)
     return deleted
 
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else "" if value is None else str(value)

@@ -13,8 +13,7 @@ import logging
 import time
 from collections import Counter
 
-from redis.asyncio import Redis
-
+from app.cache.base import SharedRedis
 from app.cache.keys import usage_key
 
 logger = logging.getLogger("strata.usage")
@@ -38,7 +37,7 @@ class UsageCounts:
         minute = int((time.time() if now is None else now) // 60)
         self._pending[(minute, usage_field(category, outcome))] += 1
 
-    async def flush(self, redis: Redis) -> int:
+    async def flush(self, redis: SharedRedis) -> int:
         """Add the pending counts to Redis (one pipeline); kept for the next flush if it fails."""
         if not self._pending:
             return 0
@@ -55,7 +54,7 @@ class UsageCounts:
             raise
         return sum(pending.values())
 
-    async def run(self, redis: Redis, errors: tuple[type[BaseException], ...]) -> None:
+    async def run(self, redis: SharedRedis, errors: tuple[type[BaseException], ...]) -> None:
         """Flush every few seconds until cancelled (then once more)."""
         try:
             while True:
@@ -68,11 +67,11 @@ class UsageCounts:
             try:
                 async with asyncio.timeout(1):
                     await self.flush(redis)
-            except (TimeoutError, *errors):
+            except (TimeoutError, *errors):  # type: ignore[misc]  # mypy cannot read a starred tuple of classes
                 pass
 
 
-async def last_hour(redis: Redis, now: float | None = None) -> Counter[tuple[str, str]]:
+async def last_hour(redis: SharedRedis, now: float | None = None) -> Counter[tuple[str, str]]:
     """Requests by (category, outcome) over the last 60 minutes, all workers."""
     minute = int((time.time() if now is None else now) // 60)
     async with redis.pipeline(transaction=False) as pipe:

@@ -31,7 +31,8 @@ from app.settings import PROJECT_ROOT, Settings
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 class ServerThread:
@@ -104,7 +105,7 @@ class LabelledUpstream:
         upstream = self
 
         @post("/v1/chat/completions", status_code=200)
-        async def chat(request: Request) -> bytes:
+        async def chat(request: Request[Any, Any, Any]) -> bytes:
             body = msgspec.json.decode(await request.body())
             upstream.calls += 1
             question = body["messages"][-1].get("content") or ""
@@ -166,16 +167,15 @@ def run_simulated(stream: list[Any], *, settings: Settings, category: str, encod
         async def go() -> Any:
             # The app on this very event loop (ASGI, no socket), so the replay can let its
             # background observations settle between requests.
-            async with app.lifespan(), httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                                         base_url="http://strata", timeout=60) as client:
+            # Litestar's ASGI signature is narrower than httpx's transport asks for; it is an ASGI app.
+            transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+            async with app.lifespan(), httpx.AsyncClient(transport=transport, base_url="http://strata", timeout=60) as client:
                 resources = app.state.resources
                 known = {}
                 if faq:
                     from app.faq import load_faq_in_buckets
 
-                    buckets = resources.bucket_caches
-                    await load_faq_in_buckets(resources.buckets, [b.semantic for b in buckets],
-                                              [b.versions for b in buckets], faq, "replay", resources.policy)
+                    await load_faq_in_buckets(resources.cache, faq, "replay", resources.policy)
                     # A curated answer is right for its own label's questions; one of a label
                     # the stream never asks about is wrong for all of them.
                     known = {curated_answer(r.label): r.label for r in stream}
