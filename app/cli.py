@@ -24,26 +24,25 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from app.calibrate.pairs import QQP_POOL_SIZE
+from app.console import fail
 from app.replay.streams import CLINC_DOMAINS
 from app.settings import PROJECT_ROOT, Settings
 
 if TYPE_CHECKING:  # the CLI imports numpy and the models only when a command needs them
     from app.cache.base import Verdict
+    from app.cache.verify import PairVerifier
     from app.calibrate.pairs import Pair
-    from app.policy import SemanticPolicy
+    from app.embed import Encoder
+    from app.policy import Policy, SemanticPolicy
+    from app.replay.run import Report
 
 DEFAULT_DATA = PROJECT_ROOT.parent / "shared" / "data"
 
 
-def _fail(message: str) -> int:
-    print(f"strata: {message}", file=sys.stderr)
-    return 2
-
-
-def _context(settings: Settings):
+def _context(settings: Settings) -> tuple[Policy, Encoder, PairVerifier]:
     from app.cache.verify import load_verifier
     from app.embed import load_encoder
     from app.policy import Policy
@@ -85,14 +84,15 @@ def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
     try:
         pairs = read_pairs(Path(args.pairs))
     except PairsFileError as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     if args.every < 1:
-        return _fail("--every must be >= 1")
+        return fail("--every must be >= 1")
     pairs = pairs[:: args.every]
     policy, encoder, verifier = _context(settings)
-    category = policy.get(args.category)
-    if category is None:
-        return _fail(f"unknown category {args.category!r}; known: {', '.join(sorted(policy.categories))}")
+    try:
+        category = policy.category(args.category)
+    except ValueError as exc:
+        return fail(str(exc))
     started = time.perf_counter()
     sims = similarities(pairs, encoder)
     rules = category.semantic
@@ -104,7 +104,7 @@ def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
         try:
             verdicts, latencies = asyncio.run(_judge(pairs, verdicts, rules, settings))
         except (StrataError, KeyError, IndexError, ValueError) as exc:
-            return _fail(f"category {category.name!r} uses the LLM judge, but the upstream at "
+            return fail(f"category {category.name!r} uses the LLM judge, but the upstream at "
                          f"{settings.upstream.url} cannot name a model: {exc}")
         if latencies:
             ms = sorted(1000 * s for s in latencies)
@@ -135,18 +135,18 @@ def cmd_fit(args: argparse.Namespace, settings: Settings) -> int:
     from app.calibrate.plot import plot
 
     if not 0.0 < args.target_precision <= 1.0:
-        return _fail("--target-precision must be in (0, 1]")
+        return fail("--target-precision must be in (0, 1]")
     try:
         pairs = read_pairs(Path(args.pairs))
     except PairsFileError as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     policy, encoder, verifier = _context(settings)
     categories = args.category or sorted(policy.categories)
     unknown = [c for c in categories if c not in policy.categories]
     if unknown:
-        return _fail(f"unknown category {unknown[0]!r}; known: {', '.join(sorted(policy.categories))}")
+        return fail(f"unknown category {unknown[0]!r}; known: {', '.join(sorted(policy.categories))}")
     if args.margin < 0:
-        return _fail("--margin must be >= 0")
+        return fail("--margin must be >= 0")
     table = tabulate(pairs, similarities(pairs, encoder), verifier)
     margins = {0.0: "best threshold"} | ({args.margin: f"margin {args.margin:g}"} if args.margin else {})
     for margin, label in margins.items():
@@ -185,7 +185,7 @@ def cmd_train(args: argparse.Namespace, settings: Settings) -> int:
     afqmc_file, qqp_file = data / "afqmc_train.csv", data / "qqp_similar.json"
     for needed in (afqmc_file, qqp_file):
         if not needed.exists():
-            return _fail(f"training data not found: {needed}")
+            return fail(f"training data not found: {needed}")
     encoder = load_encoder(settings.semantic.embedder, settings.semantic.embedder_model)
     untrained = msgspec.structs.replace(settings.semantic, verifier_artifact="")
     verifier = load_verifier(msgspec.structs.replace(settings, semantic=untrained))
@@ -212,7 +212,7 @@ def cmd_qqp_hard(args: argparse.Namespace, settings: Settings) -> int:
 
     source = Path(args.data_dir) / "qqp_similar.json"
     if not source.exists():
-        return _fail(f"not found: {source}")
+        return fail(f"not found: {source}")
     pairs = qqp_hard(source, args.split, args.pool)
     write_pairs(pairs, Path(args.out))
     print(f"wrote {len(pairs)} pairs ({sum(p.label for p in pairs)} positives) to {args.out}")
@@ -224,7 +224,7 @@ def cmd_replay_build(args: argparse.Namespace, settings: Settings) -> int:
 
     source = Path(args.data_dir) / ("clinc150.csv" if args.source == "clinc" else "afqmc_train.csv")
     if not source.exists():
-        return _fail(f"not found: {source}")
+        return fail(f"not found: {source}")
     if args.source == "clinc":
         stream = clinc_stream(source, args.requests, args.seed, args.oos_share, args.intents, domain=args.domain)
     else:
@@ -241,12 +241,13 @@ def cmd_replay_faq(args: argparse.Namespace, settings: Settings) -> int:
 
     source = Path(args.data_dir) / "clinc150.csv"
     if not source.exists():
-        return _fail(f"not found: {source}")
+        return fail(f"not found: {source}")
     items = clinc_faq(source, args.per_intent, args.seed, args.category)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(yaml.safe_dump(items, allow_unicode=True, sort_keys=False), encoding="utf-8")
-    print(f"wrote {len(items)} curated answers ({sum(len(i['variants']) for i in items)} variants) to {out}")
+    variants = sum(len(cast("list[str]", i["variants"])) for i in items)
+    print(f"wrote {len(items)} curated answers ({variants} variants) to {out}")
     return 0
 
 
@@ -260,40 +261,40 @@ def cmd_replay_run(args: argparse.Namespace, settings: Settings) -> int:
     try:
         stream = read_stream(Path(args.stream))
     except StreamFileError as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     if args.policy:
         settings = _replace(settings, policy_file=str(Path(args.policy).resolve()))
     try:
         categories = Policy.load(settings.resolve(settings.policy_file)).categories
     except ValueError as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     if args.category not in categories:
-        return _fail(f"unknown category {args.category!r}; known: {', '.join(sorted(categories))}")
+        return fail(f"unknown category {args.category!r}; known: {', '.join(sorted(categories))}")
     started = time.perf_counter()
     faq = None
     if args.faq:
         if not args.simulate:
-            return _fail("--faq goes with --simulate; against a running Strata use `strata faq load` first")
+            return fail("--faq goes with --simulate; against a running Strata use `strata faq load` first")
         from app.faq import FaqFileError, read_faq
 
         try:
             faq = read_faq(Path(args.faq), Policy.load(settings.resolve(settings.policy_file)))
         except (FaqFileError, ValueError) as exc:
-            return _fail(str(exc))
+            return fail(str(exc))
     if args.simulate:
         from app.replay.simulate import run_simulated
 
         report = run_simulated(stream, settings=settings, category=args.category, faq=faq)
         where = "simulated (own Redis Stack, labelled upstream, in-process Strata)"
     else:
-        async def go():
+        async def go() -> Report:
             async with httpx.AsyncClient(base_url=args.url, timeout=300) as client:
                 return await replay(stream, client, model=args.model, category=args.category)
 
         try:
             report = asyncio.run(go())
         except httpx.HTTPError as exc:
-            return _fail(f"cannot reach Strata at {args.url}: {exc}")
+            return fail(f"cannot reach Strata at {args.url}: {exc}")
         where = args.url
     print(f"stream: {args.stream}; against: {where}; category: {args.category}; took {time.perf_counter() - started:.0f} s")
     print(report.summary(args.window))
@@ -306,50 +307,39 @@ def cmd_replay_run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_faq_load(args: argparse.Namespace, settings: Settings) -> int:
-    import re
 
-    from app.faq import FAQ_SET_NAME, FaqFileError, read_faq
+    from app.cache.keys import FAQ_SET_NAME
+    from app.faq import FaqFileError, read_faq
     from app.policy import Policy
 
     path = Path(args.file)
     name = args.name or path.stem
-    if not re.match(FAQ_SET_NAME, name):
-        return _fail(f"--name {name!r} must match {FAQ_SET_NAME}")
+    if not FAQ_SET_NAME.match(name):
+        return fail(f"--name {name!r} must match {FAQ_SET_NAME.pattern}")
     try:
         policy = Policy.load(settings.resolve(settings.policy_file))
         items = read_faq(path, policy)
     except (FaqFileError, ValueError) as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
+
+    if not settings.semantic.enabled:
+        return fail("curated answers are served by the semantic layer, which is off (STRATA_SEMANTIC_ENABLED=false)")
 
     async def go() -> tuple[str, int, int]:
-        from app.cache.buckets import open_buckets
-        from app.cache.semantic import SemanticCache
-        from app.cache.version import VersionTag
-        from app.embed import BatchingEmbedder, load_encoder
+        from app.assembly import open_cache, reconcile
         from app.faq import load_faq_in_buckets
-        from app.lifespan import reconcile
 
-        options = settings.semantic
-        encoder = await asyncio.to_thread(load_encoder, options.embedder, options.embedder_model)
-        embedder = BatchingEmbedder(encoder)
-        buckets = await open_buckets(_replace(settings.redis, timeout_s=10.0))
-        try:
-            semantics = [SemanticCache(b.redis, embedder, settings.resolve(options.index_schema), keys=b.keys)
-                         for b in buckets.all]
-            versions = [VersionTag(b.redis, b.keys) for b in buckets.all]
-            for bucket, semantic, version in zip(buckets.all, semantics, versions, strict=True):
-                await reconcile(bucket.redis, version, semantic)
-            return await load_faq_in_buckets(buckets, semantics, versions, items, name, policy)
-        finally:
-            await buckets.aclose()
-            embedder.close()
+        async with open_cache(settings, semantic=True) as cache:
+            for each in cache.each:
+                await reconcile(each.bucket.redis, each.versions, each.semantic)
+            return await load_faq_in_buckets(cache, items, name, policy)
 
     from redis.exceptions import RedisError
 
     try:
         tag, entries, variants = asyncio.run(go())
     except (RedisError, OSError) as exc:
-        return _fail(f"Redis at {settings.redis.shown_url}: {exc}")
+        return fail(f"Redis at {settings.redis.shown_url}: {exc}")
     print(f"loaded {entries} curated answers and {variants} variants from {path} as {name!r} (cache version {tag})")
     return 0
 
@@ -371,7 +361,7 @@ def cmd_keys(args: argparse.Namespace, settings: Settings) -> int:
 
     path = _keys_path(args, settings)
     if path is None:
-        return _fail("no keys file: pass --file or set STRATA_KEYS_FILE")
+        return fail("no keys file: pass --file or set STRATA_KEYS_FILE")
     try:
         if args.action == "add":
             key, record = add_key(path, args.tenant, user=args.user, may_refresh=args.may_refresh)
@@ -380,7 +370,7 @@ def cmd_keys(args: argparse.Namespace, settings: Settings) -> int:
             print(key)
         elif args.action == "revoke":
             if not revoke_key(path, args.key_id):
-                return _fail(f"no active key with id {args.key_id!r} in {path}")
+                return fail(f"no active key with id {args.key_id!r} in {path}")
             print(f"revoked {args.key_id}")
         else:
             for record in read_keys(path).keys:
@@ -388,7 +378,7 @@ def cmd_keys(args: argparse.Namespace, settings: Settings) -> int:
                 print(f"{record.id}\t{state}\t{record.tenant}\t{record.user or '-'}\t"
                       f"{'may-refresh' if record.may_refresh else '-'}\t{time.strftime('%Y-%m-%d', time.gmtime(record.created_at))}")
     except ValueError as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     return 0
 
 
@@ -495,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = Settings.from_env()
     except ValueError as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     return int(args.run(args, settings))
 
 

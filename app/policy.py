@@ -117,7 +117,7 @@ def _read_raw(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
         raise ValueError(f"policy file {path} includes itself through base")
     raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     if not isinstance(raw, dict):
-        raise ValueError(f"{path} is not a mapping")  # noqa: TRY004 (callers report ValueError as a bad file)
+        raise ValueError(f"{path} is not a mapping")
     categories: dict[str, Any] = {}
     if "base" in raw:
         categories = dict(_read_raw((path.parent / str(raw.pop("base"))).resolve(), (*seen, path))["categories"])
@@ -132,6 +132,10 @@ def _read_raw(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     return {**raw, "categories": categories}
 
 
+class UnknownCategory(ValueError):
+    """A category name the policy does not define; the message lists the known ones."""
+
+
 class Policy(msgspec.Struct, frozen=True, kw_only=True):
     """All categories, and the one used when a request names none."""
 
@@ -141,6 +145,17 @@ class Policy(msgspec.Struct, frozen=True, kw_only=True):
     def get(self, name: str | None) -> CategoryPolicy | None:
         """The named category, the default one for ``None``, or ``None`` when unknown."""
         return self.categories.get(self.default_category if name is None else name)
+
+    def category(self, name: str | None) -> CategoryPolicy:
+        """The named category, or the default one for ``None``: the one lookup every caller uses.
+
+        Raises:
+            UnknownCategory: No such category.
+        """
+        found = self.get(name)
+        if found is None:
+            raise UnknownCategory(f"unknown category {name!r}; known: {', '.join(sorted(self.categories))}")
+        return found
 
     @classmethod
     def load(cls, path: Path) -> Policy:

@@ -23,9 +23,8 @@ import time
 from collections.abc import Awaitable, Callable
 
 import msgspec
-from redis.asyncio import Redis
 
-from app.cache.base import CACHE_ERRORS
+from app.cache.base import CACHE_ERRORS, SharedRedis
 from app.errors import StrataError
 from app.metrics import Metrics
 
@@ -33,7 +32,7 @@ logger = logging.getLogger("strata.singleflight")
 
 # What a leader hands its followers in this worker: the answer, the upstream's error (shared,
 # so a failing model server sees one call, not one per follower), or None: go on by yourselves.
-Outcome = bytes | StrataError | None
+FlightResult = bytes | StrataError | None
 
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
@@ -128,12 +127,12 @@ class Ticket:
     """
 
     def __init__(self, source: str, answer: bytes | None = None,
-                 done: Callable[[Outcome], Awaitable[None]] | None = None) -> None:
+                 done: Callable[[FlightResult], Awaitable[None]] | None = None) -> None:
         self.source = source
         self.answer = answer
         self._done = done
 
-    async def finish(self, outcome: Outcome) -> None:
+    async def finish(self, outcome: FlightResult) -> None:
         """Hand the leader's outcome to its followers and release the lease (idempotent)."""
         done, self._done = self._done, None
         if done is not None:
@@ -153,7 +152,7 @@ class SingleFlight:
         failure_s: How long a failed leader's error answers its followers.
     """
 
-    def __init__(self, redis: Redis, metrics: Metrics, *, lease_s: float, poll_s: float, max_wait_s: float = 130.0,
+    def __init__(self, redis: SharedRedis, metrics: Metrics, *, lease_s: float, poll_s: float, max_wait_s: float = 130.0,
                  failure_s: float = 1.0) -> None:
         self._redis = redis
         self._metrics = metrics
@@ -166,7 +165,7 @@ class SingleFlight:
         self._take = redis.register_script(_ACQUIRE)
         self._renew = redis.register_script(_RENEW)
         self._fail = redis.register_script(_FAIL)
-        self._local: dict[str, asyncio.Future[Outcome]] = {}
+        self._local: dict[str, asyncio.Future[FlightResult]] = {}
 
     async def coalesce(self, key: str, read: Callable[[], Awaitable[bytes | None]]) -> Ticket:
         """Join the request in flight for ``key``, or lead it.
@@ -190,7 +189,7 @@ class SingleFlight:
                 self._metrics.singleflight.labels("follower_local").inc()
                 return Ticket("local", answer)
             return Ticket("alone")  # the leader got nothing cacheable: ask by ourselves
-        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[FlightResult] = asyncio.get_running_loop().create_future()
         self._local[key] = future
         lease = None
         try:
@@ -218,7 +217,7 @@ class SingleFlight:
             raise
         self._metrics.singleflight.labels("leader").inc()
 
-        async def done(outcome: Outcome) -> None:
+        async def done(outcome: FlightResult) -> None:
             self._finish_local(key, future, outcome)
             if lease is not None:
                 try:
@@ -231,7 +230,7 @@ class SingleFlight:
 
         return Ticket("leader", done=done)
 
-    def _finish_local(self, key: str, future: asyncio.Future[Outcome], answer: Outcome) -> None:
+    def _finish_local(self, key: str, future: asyncio.Future[FlightResult], answer: FlightResult) -> None:
         if not future.done():
             future.set_result(answer)
         if self._local.get(key) is future:
@@ -259,7 +258,7 @@ class SingleFlight:
             holder = await self._redis.get(key)
             if holder is None:
                 return await read()  # stored just before the lease went, or nothing
-            if holder.startswith(FAILED_PREFIX):
+            if isinstance(holder, bytes) and holder.startswith(FAILED_PREFIX):
                 if not waited:
                     return None  # it failed before this request came: ask again, as a leader
                 self._metrics.singleflight.labels("follower_failed").inc()

@@ -14,7 +14,7 @@ from app.cache.layered import CacheMode
 from app.chat import ChatCall
 from app.errors import InvalidRequest
 from app.lifespan import Resources
-from app.policy import CategoryPolicy
+from app.policy import CategoryPolicy, UnknownCategory
 from app.wire import ChatCompletionRequest
 
 CATEGORY_HEADER = "x-cache-category"
@@ -22,27 +22,24 @@ CATEGORY_HEADER = "x-cache-category"
 ADMIN_TOKEN_HEADER = "x-strata-admin-token"
 
 
-def request_category(request: Request, resources: Resources) -> CategoryPolicy:
+def request_category(request: Request[Any, Any, Any], resources: Resources) -> CategoryPolicy:
     """The category ``X-Cache-Category`` names, or the default one.
 
     Raises:
         InvalidRequest: No such category.
     """
-    name = request.headers.get(CATEGORY_HEADER)
-    category = resources.policy.get(name)
-    if category is None:
-        known = ", ".join(sorted(resources.policy.categories))
-        raise InvalidRequest(f"unknown cache category {name!r}; known: {known}", param="X-Cache-Category",
-                             code="unknown_category")
-    return category
+    try:
+        return resources.policy.category(request.headers.get(CATEGORY_HEADER))
+    except UnknownCategory as exc:
+        raise InvalidRequest(str(exc), param="X-Cache-Category", code="unknown_category") from exc
 
 
-def _operator(request: Request, resources: Resources) -> bool:
+def _operator(request: Request[Any, Any, Any], resources: Resources) -> bool:
     token, presented = resources.settings.admin_token, request.headers.get(ADMIN_TOKEN_HEADER)
     return bool(token and presented) and hmac.compare_digest(str(presented).encode(), str(token).encode())
 
 
-def chat_call(request: Request, resources: Resources, caller: Caller, chat_request: ChatCompletionRequest,
+def chat_call(request: Request[Any, Any, Any], resources: Resources, caller: Caller, chat_request: ChatCompletionRequest,
               raw: dict[str, Any]) -> ChatCall:
     """The pipeline's call for a validated request: its category, whose answer it is, and what it
     may do with the cache.
@@ -89,7 +86,7 @@ class ChatController(Controller):
     path = "/v1"
 
     @post("/chat/completions", status_code=200)
-    async def chat_completions(self, request: Request, resources: Resources) -> Response[bytes] | Stream:
+    async def chat_completions(self, request: Request[Any, Any, Any], resources: Resources) -> Response[bytes] | Stream:
         """Create a chat completion (OpenAI-compatible), served from the cache when possible."""
         caller = resources.tenants.caller(request.headers.get("authorization"))
         resources.rate_limiter.admit(caller.tenant)
@@ -108,7 +105,7 @@ class ChatController(Controller):
         return Response(content=result.body or b"", media_type="application/json", headers=result.headers)
 
     @get("/models")
-    async def models(self, request: Request, resources: Resources) -> Response[bytes]:
+    async def models(self, request: Request[Any, Any, Any], resources: Resources) -> Response[bytes]:
         """The upstream's model list, passed through."""
         resources.tenants.tenant(request.headers.get("authorization"))
         return Response(content=await resources.upstream.models(), media_type="application/json")

@@ -38,6 +38,7 @@ Prefixes end with ``:`` and none is a prefix of another (``strata:v1:sem:`` does
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 import unicodedata
 from typing import Any
@@ -138,6 +139,10 @@ def faq_scope_digest(tenant: str, category: str) -> str:
     return _digest(["faq", tenant, category])
 
 
+# The name of a curated-answer file (``strata faq load --name``), part of its set's key.
+FAQ_SET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
 class Keyspace(msgspec.Struct, frozen=True):
     """The names of one cache's keys: one Redis (``strata``), or one bucket of a Redis Cluster
     (``strata:{b3}``: the hash tag puts every key, the version and generation copies and the
@@ -214,6 +219,14 @@ KEYS = Keyspace()
 # CJK keyboard. Nothing else is folded: NFKC would also fold superscripts, fractions, circled
 # and Roman numerals and unit symbols ("2³" into "23"), merging questions that differ.
 _WIDTH_FOLD = {code: code - 0xFEE0 for code in range(0xFF01, 0xFF5F)} | {0x3000: 0x20}
+
+
+def as_text(value: object) -> str | None:
+    """A value as Redis hands it back (bytes, or str from a decoding client) as text; ``None``
+    stays ``None``. The one place such values are decoded."""
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def normalize_text(text: str) -> str:

@@ -23,7 +23,9 @@ class Poster(Protocol):
 
 
 @dataclass
-class Outcome:
+class Replayed:
+    """One replayed request: the layer that answered, the label asked and the label served."""
+
     layer: str
     label: str
     served_label: str | None  # the label whose answer was served (hits only): a miss produced it, or a curated one
@@ -40,13 +42,13 @@ class Outcome:
 class Report:
     """What a replay measured."""
 
-    outcomes: list[Outcome] = field(default_factory=list)
+    outcomes: list[Replayed] = field(default_factory=list)
     errors: int = 0
 
-    def count(self, layer: str, part: Sequence[Outcome] | None = None) -> int:
+    def count(self, layer: str, part: Sequence[Replayed] | None = None) -> int:
         return sum(1 for o in (self.outcomes if part is None else part) if o.layer == layer)
 
-    def wrong(self, layer: str, part: Sequence[Outcome] | None = None) -> int:
+    def wrong(self, layer: str, part: Sequence[Replayed] | None = None) -> int:
         return sum(1 for o in (self.outcomes if part is None else part) if o.layer == layer and o.wrong)
 
     def windows(self, size: int) -> list[dict[str, Any]]:
@@ -96,7 +98,8 @@ class Report:
 
 def _content(body: Any) -> str | None:
     try:
-        return body["choices"][0]["message"]["content"]
+        content = body["choices"][0]["message"]["content"]
+        return content if isinstance(content, str) else None
     except (KeyError, IndexError, TypeError):
         return None
 
@@ -132,7 +135,7 @@ async def replay(stream: Sequence[Request], client: Poster, *, model: str, categ
             produced.setdefault(content, request.label)
         served = produced.get(content) if layer.endswith("-hit") and content is not None else None
         similarity = response.headers.get("x-cache-similarity")
-        report.outcomes.append(Outcome(layer=layer, label=request.label, served_label=served, seconds=seconds,
+        report.outcomes.append(Replayed(layer=layer, label=request.label, served_label=served, seconds=seconds,
                                        text=request.text, similarity=float(similarity) if similarity else None))
         if after_each is not None:
             await after_each()
