@@ -29,7 +29,7 @@ from app.settings import Settings
 from app.singleflight import SingleFlight
 from app.token_caps import TokenCaps
 from app.upstream import Upstream
-from tests.support import FakeUpstream
+from bench.stub_upstream import stub_app
 
 WARM_UP = 50
 STEPS: tuple[tuple[type, tuple[str, ...]], ...] = (
@@ -68,9 +68,7 @@ def main() -> int:
     words = ("refund invoice parcel order delivery account password card payment address return exchange price "
              "shipping store opening closing help phone email coupon warranty size colour stock").split()
     rng = random.Random(0)
-    upstream = FakeUpstream()
-    with own_redis_stack() as redis_url, ServerThread(upstream.app()) as server:
-        upstream.url = server.url
+    with own_redis_stack() as redis_url, ServerThread(stub_app()) as server:
         flat: dict[str, object] = {"redis_url": redis_url, "upstream_url": server.url + "/v1", "log_level": "warning",
                                    "policy_file": "bench/policy.yaml", "semantic_enabled": True}
         if args.window_ms is not None:

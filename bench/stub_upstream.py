@@ -29,5 +29,10 @@ async def models() -> dict[str, Any]:
     return {"object": "list", "data": [{"id": "stub-model", "object": "model", "owned_by": "bench"}]}
 
 
+def stub_app() -> Litestar:
+    """The stub as an ASGI app (benchmarks serve it in a thread with app.replay.simulate.ServerThread)."""
+    return Litestar([chat, models])
+
+
 if __name__ == "__main__":
-    uvicorn.run(Litestar([chat, models]), host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
+    uvicorn.run(stub_app(), host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")

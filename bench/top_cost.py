@@ -2,7 +2,7 @@
 
     python -m bench.top_cost [--seconds 30]
 
-Starts its own Redis Stack, the tests' fake upstream and Strata (in a thread), runs `strata top`
+Starts its own Redis Stack, the stub upstream and Strata (in threads), runs `strata top`
 in a tmux session against it (as a person would) while a client keeps asking questions, and
 reads the top process's CPU time from /proc: the target is under 5% of one core at one refresh
 a second.
@@ -21,9 +21,10 @@ from pathlib import Path
 
 import httpx
 
+from app.asgi import create_app
 from app.replay.simulate import ServerThread, own_redis_stack
 from app.settings import Settings
-from tests.support import FakeUpstream, ask, serve_strata
+from bench.stub_upstream import stub_app
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,17 +41,16 @@ def main() -> int:
     if shutil.which("tmux") is None:
         print("top_cost: tmux is not installed", file=sys.stderr)
         return 2
-    upstream = FakeUpstream()
-    with own_redis_stack() as redis_url, ServerThread(upstream.app()) as server:
-        upstream.url = server.url
+    with own_redis_stack() as redis_url, ServerThread(stub_app()) as server:
         settings = Settings.from_flat({"redis_url": redis_url, "upstream_url": server.url + "/v1", "log_level": "warning"})
-        with serve_strata(settings) as strata:
+        with ServerThread(create_app(settings)) as strata:
             stop = threading.Event()
 
             def traffic() -> None:
                 i = 0
                 while not stop.is_set():
-                    ask(strata.url, f"question {i % 50}")
+                    httpx.post(strata.url + "/v1/chat/completions", headers={"X-Cache-Category": "faq"}, timeout=30,
+                               json={"model": "stub-model", "messages": [{"role": "user", "content": f"question {i % 50}"}]})
                     i += 1
                     time.sleep(0.02)
 

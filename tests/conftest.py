@@ -1,4 +1,5 @@
-"""Shared fixtures: a Redis Stack of the test session's own (never the `make up` one on 6380)."""
+"""Shared fixtures: a Redis Stack of the test session's own (never the `make up` one on 6380), the
+session's fake upstream, the embedding model. Helpers that are not fixtures are in tests/support.py."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 import redis
 
 from app.replay.simulate import own_redis_stack
+from tests.support import FakeUpstream, fake_upstream_served
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,6 +28,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         marker = item.get_closest_marker("single_node")
         if marker is not None:
             item.add_marker(pytest.mark.skip(reason=f"single node only: {marker.args[0] if marker.args else ''}"))
+
+
+@pytest.fixture(scope="session")
+def fake_upstream() -> Iterator[FakeUpstream]:
+    """The session's fake OpenAI-compatible upstream (tests ``reset()`` it before they count)."""
+    with fake_upstream_served() as upstream:
+        yield upstream
 
 
 @pytest.fixture(scope="session")

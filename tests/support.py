@@ -10,6 +10,8 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -219,7 +221,7 @@ class FakeUpstream:
             if upstream.bad_body is not None and not body.get("stream"):
                 return Response(upstream.bad_body, media_type="application/json")
             identity = {"id": f"chatcmpl-fake{len(upstream.calls)}", "created": 1700000000, "model": body["model"]}
-            choices = [upstream.choice(body, index) for index in range((body.get("n") or 1))]
+            choices = [upstream.choice(body, index) for index in range(body.get("n") or 1)]
             usage = {"prompt_tokens": 7, "completion_tokens": 5 * len(choices), "total_tokens": 7 + 5 * len(choices)}
             if body.get("stream"):
                 with_usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -501,3 +503,39 @@ async def first_bucket(redis_url: str) -> tuple[Any, Any]:
     if buckets.shared is not bucket.redis:
         await buckets.shared.aclose()
     return bucket.redis, bucket.keys
+
+
+# The admin token of every test Strata (``strata_settings``).
+ADMIN_TOKEN = "test-admin-token"
+
+
+def strata_settings(redis_url: str, upstream_url: str, **overrides: object) -> Settings:
+    """A test Strata's settings: the test Redis, a fake upstream, the fixture policy, the exact
+    layer only, short upstream bounds; ``overrides`` are flat setting names."""
+    values: dict[str, object] = {
+        "redis_url": redis_url,
+        "upstream_url": upstream_url + "/v1",
+        "upstream_timeout_s": 1.0,
+        "upstream_max_retries": 0,
+        "admin_token": ADMIN_TOKEN,
+        "policy_file": "tests/fixtures/policy.yaml",
+        "default_max_tokens": 64,
+        "max_tokens_cap": 128,
+        "semantic_enabled": False,
+    }
+    values.update(overrides)
+    return Settings.from_flat(values)
+
+
+def chat(question: str = "How do I get a refund?", **extra: object) -> dict[str, object]:
+    """A chat request body for the fake model."""
+    return {"model": MODEL, "messages": [{"role": "user", "content": question}], **extra}
+
+
+@contextmanager
+def fake_upstream_served() -> Iterator[FakeUpstream]:
+    """A fake upstream serving on a free port (its ``url`` set) until the block ends."""
+    upstream = FakeUpstream()
+    with ServerThread(upstream.app()) as server:
+        upstream.url = server.url
+        yield upstream

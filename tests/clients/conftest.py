@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from app.settings import PROJECT_ROOT
-from tests.integration.conftest import strata_settings
-from tests.support import FakeUpstream, ServerThread, serve_strata
+from tests.support import FakeUpstream, ServerThread, serve_strata, strata_settings
 
 # Built by `make test` (Makefile: CLIENTS_VENV): the client libraries, pinned, apart from Strata's
 # own environment (they pin an openai SDK of their own, 2.x; this one has 3.x).

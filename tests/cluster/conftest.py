@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from tests.support import free_port
+from tests.support import FakeUpstream, fake_upstream_served, free_port
 
 pytestmark = pytest.mark.cluster
 
@@ -58,3 +58,10 @@ def local_cluster(replicas: bool = False, ports: list[int] | None = None, passwo
 def cluster_ports() -> Iterator[list[int]]:
     with local_cluster() as cluster:
         yield cluster.ports
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[FakeUpstream]:
+    """A fake upstream of the module's own (its counts are the module's)."""
+    with fake_upstream_served() as fake:
+        yield fake

@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 
 from tests.cluster.conftest import LocalCluster, local_cluster
-from tests.integration.conftest import strata_settings
-from tests.support import FakeUpstream, ServerThread, ask, serve_strata
+from tests.support import FakeUpstream, ask, serve_strata, strata_settings
 
 PASSWORD = "s3cret-for-tests"
 
@@ -19,14 +18,6 @@ PASSWORD = "s3cret-for-tests"
 def protected() -> Iterator[LocalCluster]:
     with local_cluster(password=PASSWORD) as cluster:
         yield cluster
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[FakeUpstream]:
-    fake = FakeUpstream()
-    with ServerThread(fake.app()) as server:
-        fake.url = server.url
-        yield fake
 
 
 def test_the_urls_password_opens_every_bucket(protected: LocalCluster, upstream: FakeUpstream, use_encoder: Any) -> None:

@@ -20,8 +20,7 @@ from app.auth import add_key
 from app.cache.buckets import bucket_of
 from app.cache.keys import BUCKETS_KEY
 from tests.cluster.conftest import LocalCluster, local_cluster
-from tests.integration.conftest import strata_settings
-from tests.support import FakeUpstream, ServerThread, ask, free_port, serve_strata
+from tests.support import FakeUpstream, ask, free_port, serve_strata, strata_settings
 
 TENANTS = tuple(f"shop-{i}" for i in range(8))
 GENERAL = {"X-Cache-Category": "general"}
@@ -31,14 +30,6 @@ GENERAL = {"X-Cache-Category": "general"}
 def replicated() -> Iterator[LocalCluster]:
     with local_cluster(replicas=True) as cluster:
         yield cluster
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[FakeUpstream]:
-    fake = FakeUpstream()
-    with ServerThread(fake.app()) as server:
-        fake.url = server.url
-        yield fake
 
 
 def content(response: httpx.Response) -> str:

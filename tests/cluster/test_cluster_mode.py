@@ -21,8 +21,7 @@ from redis.cluster import RedisCluster
 from app.auth import add_key
 from app.cache.buckets import bucket_of
 from app.cache.keys import AUDIT_KEY, BUCKETS_KEY, NAMESPACE
-from tests.integration.conftest import ADMIN_TOKEN, strata_settings
-from tests.support import MODEL, FakeUpstream, ServerThread, ask, run_cli, scan, serve_strata
+from tests.support import ADMIN_TOKEN, MODEL, FakeUpstream, ask, run_cli, scan, serve_strata, strata_settings
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}", "X-Strata-Operator": "tests"}
 TENANTS = tuple(f"shop-{i}" for i in range(8))
@@ -44,14 +43,6 @@ def cluster(cluster_url: str, cluster_ports: list[int]) -> Iterator[RedisCluster
     client = RedisCluster(host="127.0.0.1", port=cluster_ports[0])
     yield client
     client.close()
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[FakeUpstream]:
-    fake = FakeUpstream()
-    with ServerThread(fake.app()) as server:
-        fake.url = server.url
-        yield fake
 
 
 @pytest.fixture(scope="module")

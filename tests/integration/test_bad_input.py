@@ -54,8 +54,7 @@ def test_unknown_route_and_wrong_method_are_openai_shaped(client: httpx.Client) 
 
 
 def test_admin_is_forbidden_without_a_configured_token(redis_url: str, fake_upstream: FakeUpstream) -> None:
-    from tests.integration.conftest import strata_settings
-    from tests.support import serve_strata
+    from tests.support import serve_strata, strata_settings
 
     with serve_strata(strata_settings(redis_url, fake_upstream.url, admin_token=None)) as server:
         response = httpx.post(server.url + "/admin/cache/invalidate", headers={"Authorization": "Bearer anything"})

@@ -15,8 +15,7 @@ from app.calibrate.evaluate import evaluate, similarities, verify_all
 from app.calibrate.pairs import Pair
 from app.policy import Policy
 from app.settings import Settings
-from tests.integration.conftest import strata_settings
-from tests.support import MODEL, FakeUpstream, run_cli, serve_strata
+from tests.support import MODEL, FakeUpstream, run_cli, serve_strata, strata_settings
 
 LAST_LINE = re.compile(r"^precision=(\d\.\d{4}) recall=(\d\.\d{4}) hits=(\d+) positives=(\d+) pairs=(\d+)$")
 PAIRS = [

@@ -19,8 +19,7 @@ import pytest
 import redis
 
 from app.auth import add_key
-from tests.integration.conftest import strata_settings
-from tests.support import MODEL, FakeUpstream, free_port, scan, serve_process, serve_strata
+from tests.support import MODEL, FakeUpstream, free_port, scan, serve_process, serve_strata, strata_settings
 
 
 def body(question: str, **extra: Any) -> dict[str, Any]:

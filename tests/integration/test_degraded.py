@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from tests.integration.conftest import ADMIN_TOKEN, chat, strata_settings
-from tests.support import FakeUpstream, free_port, serve_strata
+from tests.support import ADMIN_TOKEN, FakeUpstream, chat, free_port, serve_strata, strata_settings
 
 
 def test_redis_down_means_bypass_and_degraded_health(fake_upstream: FakeUpstream, on_cluster: bool) -> None:

@@ -14,8 +14,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.integration.conftest import strata_settings
-from tests.support import FakeUpstream, ask, serve_strata
+from tests.support import FakeUpstream, ask, serve_strata, strata_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "strata.json"

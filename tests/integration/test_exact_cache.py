@@ -17,8 +17,18 @@ from app.cache.keys import canonicalize
 from app.cache.version import StaleScope, StaleVersion
 from app.policy import CategoryPolicy
 from app.wire import ChatCompletionRequest
-from tests.integration.conftest import ADMIN_TOKEN, MODEL, chat, strata_settings
-from tests.support import FakeUpstream, every_keyspace, first_bucket, keyspace, scan, serve_strata
+from tests.support import (
+    ADMIN_TOKEN,
+    MODEL,
+    FakeUpstream,
+    chat,
+    every_keyspace,
+    first_bucket,
+    keyspace,
+    scan,
+    serve_strata,
+    strata_settings,
+)
 
 
 def test_miss_then_exact_hit_calls_upstream_once(client: httpx.Client, fake_upstream: FakeUpstream) -> None:

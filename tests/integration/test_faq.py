@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 import redis
 
-from tests.integration.conftest import strata_settings
-from tests.support import FakeUpstream, ask, every_keyspace, run_cli, scan, serve_strata
+from tests.support import FakeUpstream, ask, every_keyspace, run_cli, scan, serve_strata, strata_settings
 
 GENERAL = {"X-Cache-Category": "general"}
 FAQ_FILE = """

@@ -14,8 +14,7 @@ import pytest
 import redis
 
 from app.auth import add_key
-from tests.integration.conftest import ADMIN_TOKEN, strata_settings
-from tests.support import FakeUpstream, ask, every_keyspace, keyspace, run_cli, scan, serve_strata
+from tests.support import ADMIN_TOKEN, FakeUpstream, ask, every_keyspace, keyspace, run_cli, scan, serve_strata, strata_settings
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}", "X-Strata-Operator": "tests"}
 CATEGORIES = ("business", "general")

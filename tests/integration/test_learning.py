@@ -17,8 +17,7 @@ import redis
 from app.replay.simulate import run_simulated
 from app.replay.streams import Request
 from app.settings import Settings
-from tests.integration.conftest import ADMIN_TOKEN, strata_settings
-from tests.support import FakeUpstream, ask, keyspace, scan, serve_strata
+from tests.support import ADMIN_TOKEN, FakeUpstream, ask, keyspace, scan, serve_strata, strata_settings
 
 LEARN = {"X-Cache-Category": "learn"}
 REFUND = "To get a refund, open the order page and press Refund; see guide 12."

@@ -12,8 +12,7 @@ import openai
 import pytest
 import redis
 
-from tests.integration.conftest import strata_settings
-from tests.support import FakeUpstream, scan, serve_strata
+from tests.support import FakeUpstream, scan, serve_strata, strata_settings
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,7 @@ from __future__ import annotations
 import httpx
 import redis
 
-from tests.integration.conftest import strata_settings
-from tests.support import FakeUpstream, ask, serve_strata
+from tests.support import FakeUpstream, ask, serve_strata, strata_settings
 
 STAMPED = "You are Example Shop's assistant. Current time: 2026-12-01T09:30:15Z."
 STABLE = "You are Example Shop's assistant. Answer politely."

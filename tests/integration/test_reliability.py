@@ -20,10 +20,13 @@ import pytest
 import redis
 
 from app.settings import PROJECT_ROOT
-from tests.integration.conftest import strata_settings
-from tests.support import MODEL, FakeUpstream, every_keyspace, free_port, scan, serve_process, serve_strata
+from tests.support import MODEL, FakeUpstream, every_keyspace, free_port, scan, serve_process, serve_strata, strata_settings
 
 LAUNCHER = str(PROJECT_ROOT / "redis-stack" / "redis-stack.sh")
+
+# Why a test runs on one Redis only (the cluster pass skips it).
+ONE_REDIS = ("stops, pauses, fills or kills one Redis process of its own; a killed master of a cluster: "
+             "tests/cluster/test_cluster_failover.py")
 
 
 def body(question: str, **extra: object) -> dict[str, object]:
@@ -147,7 +150,7 @@ def post(url: str, question: str) -> httpx.Response:
     return httpx.post(url + "/v1/chat/completions", json=body(question), timeout=15)
 
 
-@pytest.mark.single_node("stops, pauses, fills or kills one Redis process of its own; a killed master of a cluster: tests/cluster/test_cluster_failover.py")
+@pytest.mark.single_node(ONE_REDIS)
 def test_redis_stopped_and_restarted_mid_run(own_redis: OwnRedis, fake_upstream: FakeUpstream) -> None:
     fake_upstream.reset()
     with serve_strata(strata_settings(own_redis.url, fake_upstream.url)) as server:
@@ -165,7 +168,7 @@ def test_redis_stopped_and_restarted_mid_run(own_redis: OwnRedis, fake_upstream:
         assert httpx.get(server.url + "/health").json()["redis"]["status"] == "ok"
 
 
-@pytest.mark.single_node("stops, pauses, fills or kills one Redis process of its own; a killed master of a cluster: tests/cluster/test_cluster_failover.py")
+@pytest.mark.single_node(ONE_REDIS)
 def test_a_paused_redis_costs_a_bounded_wait_not_an_outage(own_redis: OwnRedis, fake_upstream: FakeUpstream) -> None:
     fake_upstream.reset()
     settings = strata_settings(own_redis.url, fake_upstream.url, redis_timeout_s=0.2)
@@ -180,7 +183,7 @@ def test_a_paused_redis_costs_a_bounded_wait_not_an_outage(own_redis: OwnRedis, 
         assert "strata_cache_errors_total" in httpx.get(server.url + "/metrics").text
 
 
-@pytest.mark.single_node("stops, pauses, fills or kills one Redis process of its own; a killed master of a cluster: tests/cluster/test_cluster_failover.py")
+@pytest.mark.single_node(ONE_REDIS)
 def test_redis_out_of_memory_skips_the_store_and_counts_it(own_redis: OwnRedis, fake_upstream: FakeUpstream) -> None:
     fake_upstream.reset()
     with serve_strata(strata_settings(own_redis.url, fake_upstream.url)) as server:
@@ -196,7 +199,7 @@ def test_redis_out_of_memory_skips_the_store_and_counts_it(own_redis: OwnRedis, 
         assert post(server.url, "no room").headers["x-cache"] == "exact-hit"
 
 
-@pytest.mark.single_node("stops, pauses, fills or kills one Redis process of its own; a killed master of a cluster: tests/cluster/test_cluster_failover.py")
+@pytest.mark.single_node(ONE_REDIS)
 def test_acknowledged_entries_survive_kill_9(own_redis: OwnRedis, fake_upstream: FakeUpstream) -> None:
     fake_upstream.reset()
     questions = [f"durable {i}" for i in range(20)]

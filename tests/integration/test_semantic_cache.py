@@ -11,8 +11,7 @@ import httpx
 import pytest
 import redis
 
-from tests.integration.conftest import ADMIN_TOKEN, strata_settings
-from tests.support import FAQ, MODEL, FakeUpstream, ask, indexes, keyspace, node_of, scan, serve_strata
+from tests.support import ADMIN_TOKEN, FAQ, MODEL, FakeUpstream, ask, indexes, keyspace, node_of, scan, serve_strata, strata_settings
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,7 @@ from redis.asyncio import Redis
 
 from app.cache.semantic import index_dims
 from app.embed import load_encoder
-from tests.integration.conftest import strata_settings
-from tests.support import FakeUpstream, ask, indexes, keyspace, node_of, serve_strata
+from tests.support import FakeUpstream, ask, indexes, keyspace, node_of, serve_strata, strata_settings
 
 
 def test_a_missing_index_is_created_and_a_present_one_is_reused(

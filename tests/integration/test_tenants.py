@@ -24,8 +24,7 @@ from app.cache.keys import canonicalize
 from app.policy import CategoryPolicy
 from app.settings import PROJECT_ROOT
 from app.wire import ChatCompletionRequest
-from tests.integration.conftest import strata_settings
-from tests.support import MODEL, FakeUpstream, ask, first_bucket, scan, serve_strata
+from tests.support import MODEL, FakeUpstream, ask, first_bucket, scan, serve_strata, strata_settings
 
 
 @pytest.fixture(scope="module")
@@ -93,8 +92,11 @@ def test_a_revoked_key_stops_working_without_a_restart(keyed_strata: str, redis_
 
 def test_the_keys_cli(tmp_path: Path) -> None:
     path = tmp_path / "k.json"
-    run = lambda *a: subprocess.run([sys.executable, "-m", "app.cli", "keys", "--file", str(path), *a],
-                                    cwd=PROJECT_ROOT, capture_output=True, text=True)
+
+    def run(*a: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "app.cli", "keys", "--file", str(path), *a],
+                              cwd=PROJECT_ROOT, capture_output=True, text=True)
+
     added = run("add", "--tenant", "shop-a")
     assert added.returncode == 0 and added.stdout.strip().splitlines()[-1].startswith("sk-strata-")
     listed = run("list")
@@ -109,7 +111,8 @@ TENANTS = st.text(alphabet=st.sampled_from(list("|*-{}@ \"'\\,.:;()[]<>~^$%&!?/=
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(tenant_a=TENANTS, tenant_b=TENANTS, question=st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=30))
-def test_the_exact_layer_never_crosses_tenants(redis_url: str, redis_sync: redis.Redis, tenant_a: str, tenant_b: str, question: str) -> None:
+def test_the_exact_layer_never_crosses_tenants(redis_url: str, redis_sync: redis.Redis, tenant_a: str, tenant_b: str,
+                                               question: str) -> None:
     if tenant_a == tenant_b or not question.strip():
         return
 

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import strata_settings
-from tests.support import FakeUpstream, ask, run_cli, serve_strata
+from tests.support import FakeUpstream, ask, run_cli, serve_strata, strata_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,8 +8,7 @@ import re
 import httpx
 import redis
 
-from tests.integration.conftest import MODEL
-from tests.support import FakeUpstream, free_port, serve_process
+from tests.support import MODEL, FakeUpstream, free_port, serve_process
 
 
 def test_metrics_add_up_over_two_workers(redis_url: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream) -> None:

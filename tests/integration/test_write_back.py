@@ -13,8 +13,7 @@ import pytest
 import redis
 
 from app.cache.entry import EntryWriter
-from tests.integration.conftest import chat, strata_settings
-from tests.support import FakeUpstream, scan, serve_strata
+from tests.support import FakeUpstream, chat, scan, serve_strata, strata_settings
 
 WRITE_DELAY_S = 1.0
 

@@ -51,7 +51,7 @@ def test_an_unreachable_cluster_is_a_clear_error_at_start() -> None:
     from tests.support import free_port
 
     url = f"redis+cluster://:pass-word-1@127.0.0.1:{free_port()}"
-    with pytest.raises(ClusterUnavailable, match="3 attempts.*needs the cluster at start-up") as raised:
+    with pytest.raises(ClusterUnavailable, match=r"3 attempts.*needs the cluster at start-up") as raised:
         asyncio.run(open_buckets(RedisSettings(url=url, timeout_s=0.2)))
     # Messages reach logs: the URL's password does not.
     assert "pass-word-1" not in str(raised.value) and ":***@127.0.0.1" in str(raised.value)

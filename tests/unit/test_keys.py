@@ -79,7 +79,8 @@ def test_order_of_system_and_conversation_messages_matters() -> None:
 def test_no_question_when_the_last_message_is_not_user_text() -> None:
     tool_last = canon({"model": "m", "messages": [
         {"role": "user", "content": "q"},
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "assistant", "content": None,
+         "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
         {"role": "tool", "content": "42", "tool_call_id": "1"}]})
     assert tool_last.question is None
     image = canon({"model": "m", "messages": [{"role": "user", "content": [

@@ -101,12 +101,12 @@ def test_the_vectorised_fit_decision_agrees_with_verify() -> None:
     table = PairTable(
         similarity=sims,
         guard_ok=np.array([analyzer.signals(a, c).rejection is None for a, c in pairs]),
-        probability=verifier.model.probability(np.array([analyzer.features(a, c, s) for (a, c), s in zip(pairs, sims)])),
+        probability=verifier.model.probability(np.array([analyzer.features(a, c, s) for (a, c), s in zip(pairs, sims, strict=True)])),
         label=np.zeros(len(pairs), dtype=int),
     )
     for policy in (SemanticPolicy(threshold=0.8, accept_above=0.95, min_probability=0.5),
                    SemanticPolicy(threshold=0.9, accept_above=1.0, min_probability=0.9)):
-        one_by_one = [verifier.verify(a, c, s, policy).accepted for (a, c), s in zip(pairs, sims)]
+        one_by_one = [verifier.verify(a, c, s, policy).accepted for (a, c), s in zip(pairs, sims, strict=True)]
         assert decide(table, policy).tolist() == one_by_one
 
 

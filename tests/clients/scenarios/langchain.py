@@ -62,10 +62,8 @@ twice("stream_usage", lambda: (streamed(STRATA, "Tell me about Nice.", stream_us
 def structured(base: str, text: str, method: str, *, stream: bool = False) -> dict:
     runnable = model(base).with_structured_output(Capital, method=method)
     if stream:
-        last = None
-        for last in runnable.stream(text):
-            pass
-        return last.model_dump() if last is not None else {}
+        chunks = list(runnable.stream(text))
+        return chunks[-1].model_dump() if chunks else {}
     return runnable.invoke(text).model_dump()
 
 

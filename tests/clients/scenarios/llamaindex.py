@@ -25,10 +25,8 @@ def chat(base: str, text: str) -> dict:
 
 
 def stream_chat(base: str, text: str) -> dict:
-    last = None
-    for last in llm(base).stream_chat([ChatMessage(role="user", content=text)]):
-        pass
-    return {"content": last.message.content if last else None}
+    chunks = list(llm(base).stream_chat([ChatMessage(role="user", content=text)]))
+    return {"content": chunks[-1].message.content if chunks else None}
 
 
 def structured(base: str, text: str) -> dict:
