@@ -20,13 +20,14 @@ STRATA_HOST ?= 127.0.0.1
 STRATA_PORT ?= 8080
 export STRATA_HOST STRATA_PORT
 
-.PHONY: help deps test-deps client-deps calibrate-deps bench-replay up down status restart test test-fast test-cluster bench load train-verifier logs strata-start strata-stop
+.PHONY: help deps test-deps client-deps calibrate-deps bench-replay up down status restart test test-fast test-cluster lint bench load train-verifier logs strata-start strata-stop
 
 help:
 	@echo "make up      start Redis Stack (6380), vLLM (8000) and Strata (8080) in the background"
 	@echo "make down    stop all three (Redis via SHUTDOWN, so the AOF is complete)"
 	@echo "make status  say what runs"
-	@echo "make test    install test dependencies and run the whole suite (own Redis, real vLLM)"
+	@echo "make test    install test dependencies, lint, and run the whole suite (own Redis, real vLLM)"
+	@echo "make lint    ruff (app, bench, tests) and mypy --strict (app); configured in pyproject.toml"
 	@echo "make bench   run the benchmarks and write docs/BENCHMARKS.md"
 	@echo "make bench-replay  replay a stream straight to vLLM and through Strata; docs/REPLAY.md"
 
@@ -107,7 +108,7 @@ logs:
 # The whole suite: unit, integration (own Redis Stack on its own port), the cluster suite (own
 # Redis Clusters), end-to-end (real vLLM: reuses one answering on STRATA_TEST_VLLM_URL, or
 # starts its own); then integration and end-to-end again on a Redis Cluster of their own.
-test: test-deps client-deps
+test: test-deps client-deps lint
 	vllm/vllm.sh install
 	$(PY) -m pytest -q -p no:cacheprovider
 	$(PY) -m pytest -q -p no:cacheprovider --redis-cluster tests/integration tests/e2e
@@ -120,6 +121,12 @@ test-cluster: test-deps
 	vllm/vllm.sh install
 	$(PY) -m pytest -q -p no:cacheprovider tests/cluster
 	$(PY) -m pytest -q -p no:cacheprovider --redis-cluster tests/integration tests/e2e
+
+# Style and types: ruff's rules and mypy's strict mode, as pyproject.toml configures them; part of
+# `make test`, so CI fails on a finding.
+lint: test-deps
+	$(VENV)/bin/ruff check app bench tests
+	$(VENV)/bin/mypy
 
 # Everything but the end-to-end suite.
 test-fast: test-deps

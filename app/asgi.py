@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from litestar import Litestar, Request
 from litestar.datastructures import State
@@ -19,8 +20,9 @@ from app.lifespan import Resources, build_resources, lifespan
 from app.settings import Settings
 
 
-def _resources(request: Request) -> Resources:
-    return request.app.state.resources
+def _resources(request: Request[Any, Any, Any]) -> Resources:
+    resources: Resources = request.app.state.resources
+    return resources
 
 
 def create_app(settings: Settings | None = None, encoder: Encoder | None = None) -> Litestar:

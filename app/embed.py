@@ -52,7 +52,8 @@ class EmbedderBusy(Exception):
 def _normalise(matrix: np.ndarray) -> np.ndarray:
     matrix = np.asarray(matrix, dtype=np.float32)
     norms = np.linalg.norm(matrix, axis=1, keepdims=True)
-    return matrix / np.maximum(norms, 1e-12)
+    normalised: np.ndarray = matrix / np.maximum(norms, 1e-12)
+    return normalised
 
 
 class UniversalSentenceEncoderOnnx:
@@ -216,7 +217,7 @@ class BatchingEmbedder:
                 continue
             try:
                 matrix = await loop.run_in_executor(self._executor, self._encoder.encode, [t for t, _ in batch])
-            except Exception as exc:  # noqa: BLE001 - the model failed: every waiting caller gets the error
+            except Exception as exc:
                 for _, future in batch:
                     if not future.done():
                         future.set_exception(exc)

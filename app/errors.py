@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from litestar import Request, Response
 from litestar.exceptions import HTTPException
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
+from litestar.types import ExceptionHandlersMap
 
 from app.wire import ErrorDetail, ErrorResponse, json_encoder
 
@@ -115,7 +117,7 @@ def _response(status_code: int, body: bytes, headers: dict[str, str] | None = No
     return Response(content=body, status_code=status_code, media_type="application/json", headers=headers)
 
 
-def strata_error_handler(_: Request, exc: StrataError) -> Response[bytes]:
+def strata_error_handler(_: Request[Any, Any, Any], exc: StrataError) -> Response[bytes]:
     body = error_body(exc.message, exc.error_type, exc.param, exc.code)
     return _response(exc.status_code, body, exc.headers)
 
@@ -130,7 +132,7 @@ _HTTP_TYPES = {
 }
 
 
-def http_error_handler(_: Request, exc: HTTPException) -> Response[bytes]:
+def http_error_handler(_: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
     """Litestar's own errors (404, 405, 413, ...) in OpenAI's shape."""
     status = exc.status_code
     if status >= 500:
@@ -140,14 +142,14 @@ def http_error_handler(_: Request, exc: HTTPException) -> Response[bytes]:
     return _response(status, error_body(message, error_type, None, None), exc.headers)
 
 
-def unexpected_error_handler(request: Request, exc: Exception) -> Response[bytes]:
+def unexpected_error_handler(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
     """A bug: log it with the traceback, answer 500 without leaking internals."""
     logger.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     body = error_body("internal error", "server_error", None, None)
     return _response(HTTP_500_INTERNAL_SERVER_ERROR, body)
 
 
-EXCEPTION_HANDLERS = {
+EXCEPTION_HANDLERS: ExceptionHandlersMap = {
     StrataError: strata_error_handler,
     HTTPException: http_error_handler,
     Exception: unexpected_error_handler,

@@ -16,10 +16,8 @@ from __future__ import annotations
 import math
 import time
 
-from redis.asyncio import Redis
-
-from app.cache.base import CACHE_ERRORS
-from app.cache.keys import token_stats_key
+from app.cache.base import CACHE_ERRORS, SharedRedis
+from app.cache.keys import as_text, token_stats_key
 from app.metrics import Metrics
 from app.settings import LimitSettings
 
@@ -40,7 +38,7 @@ class TokenCaps:
         refresh_s: How long a worker reuses the statistics it read.
     """
 
-    def __init__(self, redis: Redis, limits: LimitSettings, metrics: Metrics, refresh_s: float = REFRESH_S) -> None:
+    def __init__(self, redis: SharedRedis, limits: LimitSettings, metrics: Metrics, refresh_s: float = REFRESH_S) -> None:
         self._redis = redis
         self._limits = limits
         self._metrics = metrics
@@ -57,7 +55,7 @@ class TokenCaps:
         known = self._known.get(key)
         if known is None or now - known[0] >= self._refresh_s:
             try:
-                learnt = self.learnt({k.decode(): int(v) for k, v in (await self._redis.hgetall(key)).items()
+                learnt = self.learnt({str(as_text(k)): int(v) for k, v in (await self._redis.hgetall(key)).items()
                                       if k != b"model"})
             except CACHE_ERRORS as exc:
                 self._metrics.cache_failed("token_caps", "read", exc)

@@ -88,7 +88,8 @@ def _passed_on(exc: openai.APIStatusError) -> UpstreamRejected:
     if isinstance(exc.body, dict):
         found = exc.body.get("error", exc.body)
         detail = found if isinstance(found, dict) else {}
-    message = detail.get("message") if isinstance(detail.get("message"), str) else exc.message
+    found_message = detail.get("message")
+    message = found_message if isinstance(found_message, str) else str(exc.message)
     kind = detail.get("type") if isinstance(detail.get("type"), str) and detail.get("type") else (
         _STATUS_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error"))
     code, param = detail.get("code"), detail.get("param")
@@ -165,6 +166,7 @@ class Upstream:
         async with self._limit.slot():
             for attempt in range(self._retries + 1):
                 try:
+                    raw: Any
                     if legacy:  # a legacy text completion: its one user message is the prompt
                         raw = await self._client.completions.with_raw_response.create(
                             model=model, prompt=messages[-1]["content"], extra_body=rest

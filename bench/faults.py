@@ -160,7 +160,7 @@ def hostile_bodies(url: str) -> list[list[str]]:
     statuses = []
     for path, fields in (("/v1/chat/completions", '"messages": [{"role": "user", "content": "hi"}]'),
                          ("/v1/completions", '"prompt": "hi"'), ("/v1/embeddings", '"input": "hi"')):
-        payload = '{"model": "stub-model", %s, "extra": %s}' % (fields, nested)
+        payload = f'{{"model": "stub-model", {fields}, "extra": {nested}}}'
         response = httpx.post(url + path, content=payload, headers={"Content-Type": "application/json"}, timeout=30)
         statuses.append(f"{path} {response.status_code} `{response.json()['error']['code']}`")
     host, port = url.removeprefix("http://").split(":")
@@ -183,7 +183,8 @@ def broken_upstream(url: str, upstream: FaultyUpstream) -> list[list[str]]:
                  "nothing cached"])
     upstream.body = b'{"id": "x", "object": "chat.completion", "choices": "nope"}'
     shapeless = httpx.post(url + "/v1/chat/completions", json=body("shapeless"), timeout=30)
-    upstream.body = b'{"id": "x", "object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": ""}, "finish_reason": "stop"}]}'
+    upstream.body = (b'{"id": "x", "object": "chat.completion", "choices": [{"index": 0, '
+                     b'"message": {"role": "assistant", "content": ""}, "finish_reason": "stop"}]}')
     empty = [httpx.post(url + "/v1/chat/completions", json=body("empty"), timeout=30) for _ in range(2)]
     upstream.body = None
     again = httpx.post(url + "/v1/chat/completions", json=body("shapeless"), timeout=30)

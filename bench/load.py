@@ -162,7 +162,7 @@ def main() -> int:
         import redis
 
         redis.Redis.from_url(REDIS_URL, socket_timeout=2).ping()
-    except Exception as exc:  # noqa: BLE001 - any failure here means the stack is not up
+    except Exception as exc:
         print(f"load: the make-up stack is not running ({exc!r}); run `make up` first", file=sys.stderr)
         return 2
     port = free_port()

@@ -259,7 +259,8 @@ def write(arms: dict[str, Arm], args: argparse.Namespace, model: str) -> None:
         f"(`bench/replay_vllm.py: system_prompt`): {d['prompt_tokens'] / max(1, d['upstream']):,.0f} prompt tokens per "
         "request on average in the direct arm, template and question included",
         "",
-        "| arm | requests | mean | p50 | p95 | p99 | TTFT of model answers, p50 | upstream calls | prompt tokens to the model | completion tokens | hits by layer | vLLM prefix-cache hit ratio |",
+        "| arm | requests | mean | p50 | p95 | p99 | TTFT of model answers, p50 | upstream calls "
+        "| prompt tokens to the model | completion tokens | hits by layer | vLLM prefix-cache hit ratio |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in rows.items():
@@ -274,7 +275,8 @@ def write(arms: dict[str, Arm], args: argparse.Namespace, model: str) -> None:
         "",
         f"- mean latency {s['mean'] / d['mean']:.2f}x, p99 {s['p99'] / d['p99']:.2f}x (targets: at most 1/3 and 1/2)",
         f"- upstream calls {s['upstream'] / d['upstream']:.0%} of direct, completion tokens "
-        f"{s['completion_tokens'] / max(1, d['completion_tokens']):.0%}, prompt tokens {s['prompt_tokens'] / max(1, d['prompt_tokens']):.0%} "
+        f"{s['completion_tokens'] / max(1, d['completion_tokens']):.0%}, "
+        f"prompt tokens {s['prompt_tokens'] / max(1, d['prompt_tokens']):.0%} "
         "(target: at most 45% for calls and completion tokens)",
         *([f"- day 2 (seed {args.seed + 1}, cache from the strata arm kept) against direct (day 1's questions, "
            f"same schedule): mean {rows[DAY2]['mean'] / d['mean']:.2f}x, p99 {rows[DAY2]['p99'] / d['p99']:.2f}x, "

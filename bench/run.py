@@ -265,9 +265,11 @@ def verdict(run: Run, kind: str) -> str:
     target = TARGETS[kind]
     if run.concurrency == 1:
         goal, value = target["p50_ms"], run.p50_ms
-        return f"p50 {value:.2f} ms vs target <= {goal} ms: " + ("met" if value <= goal else f"MISSED by {value - goal:.2f} ms ({value / goal:.1f}x)")
+        missed = f"MISSED by {value - goal:.2f} ms ({value / goal:.1f}x)"
+        return f"p50 {value:.2f} ms vs target <= {goal} ms: " + ("met" if value <= goal else missed)
     goal, value = target["rps"], run.rps
-    return f"{value:,.0f} req/s vs target >= {goal:,.0f}: " + ("met" if value >= goal else f"MISSED by {goal - value:,.0f} req/s ({value / goal:.0%} of target)")
+    missed = f"MISSED by {goal - value:,.0f} req/s ({value / goal:.0%} of target)"
+    return f"{value:,.0f} req/s vs target >= {goal:,.0f}: " + ("met" if value >= goal else missed)
 
 
 def report(runs: list[tuple[str, Run]], rss: float, source: str, sizes: tuple[int, int, int], duration: int,
@@ -282,10 +284,11 @@ def report(runs: list[tuple[str, Run]], rss: float, source: str, sizes: tuple[in
         f"- Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
         f"- Machine: {machine()}",
         "- Load generator: wrk 4.1 (a separate C process on the same 2 cores as Strata, Redis and the stub upstream)",
-        f"- Service: one Strata worker (uvicorn, uvloop, httptools), default settings, embedder USE multilingual v3 int8 ONNX; {duration} s per run",
+        "- Service: one Strata worker (uvicorn, uvloop, httptools), default settings, embedder USE multilingual v3 "
+        f"int8 ONNX; {duration} s per run",
         f"- Data: {source}; {sizes[0]} exact-hit bodies, {sizes[1]} paraphrases that semantic-hit in category "
         f"`verified` (cosine 0.88 + learned verifier, bench/policy.yaml) and {sizes[2]} in `adaptive`, the shipped "
-        "adaptive `faq` without exploration (app/cache/learning.py; its pooled observations seeded so the decision "
+        "adaptive `faq` without exploration (app/cache/adaptive.py; its pooled observations seeded so the decision "
         "serves), rotated",
         "",
         "| run | concurrency | p50 ms | p90 ms | p99 ms | req/s | requests | outcomes (status:X-Cache=count) | verdict |",

@@ -34,7 +34,7 @@ def build_openapi(category_names: list[str]) -> dict[str, Any]:
         )
     )
     json_object = {"type": "object", "additionalProperties": True}
-    bearer = [{"bearer": []}]
+    bearer: list[dict[str, list[str]]] = [{"bearer": []}]
     return {
         "openapi": "3.1.0",
         "info": {"title": "Strata", "version": __version__,
@@ -136,6 +136,6 @@ class OpenAPIController(Controller):
         return build_openapi(sorted(resources.policy.categories))
 
     @get("/docs", include_in_schema=False, media_type="text/html")
-    async def docs(self, request: Request, resources: Resources) -> bytes:
+    async def docs(self, request: Request[Any, Any, Any], resources: Resources) -> bytes:
         """Litestar's interactive API page (Swagger UI) over the same document."""
         return _DOCS_PAGE.render(request, build_openapi(sorted(resources.policy.categories)))

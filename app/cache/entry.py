@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 from redis.asyncio import Redis
+from redis.typing import EncodableT
 
 from app.cache.base import CacheQuery, CorruptEntry
 from app.cache.keys import (
@@ -106,9 +107,9 @@ class CacheEntry(msgspec.Struct, frozen=True, kw_only=True):
     def ttl_seconds(self) -> int:
         return max(1, self.expires_at - self.created_at)
 
-    def to_hash(self) -> dict[str, str | bytes | int]:
+    def to_hash(self) -> dict[EncodableT, EncodableT]:
         """The hash fields, absent values left out."""
-        fields: dict[str, str | bytes | int] = {
+        fields: dict[EncodableT, EncodableT] = {
             FIELD_QUESTION: self.question,
             FIELD_ANSWER: self.answer,
             FIELD_MODEL: self.model,

@@ -24,7 +24,8 @@ def similarities(pairs: Sequence[Pair], encoder: Encoder, batch: int = 128) -> n
     vectors = np.concatenate([encoder.encode(texts[i : i + batch]) for i in range(0, len(texts), batch)])
     left = vectors[[index[normalize_text(p.cached)] for p in pairs]]
     right = vectors[[index[normalize_text(p.asked)] for p in pairs]]
-    return np.einsum("ij,ij->i", left, right)
+    cosine: np.ndarray = np.einsum("ij,ij->i", left, right)
+    return cosine
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ class PairTable:
 def tabulate(pairs: Sequence[Pair], sims: np.ndarray, verifier: PairVerifier) -> PairTable:
     features = features_of(pairs, sims, verifier)
     # The last four features are the guard signals: a pair passes the guards when all are 0.
-    guard_ok = ~features[:, -len(GUARD_FEATURES):].astype(bool).any(axis=1)
+    guard_ok = np.asarray(~features[:, -len(GUARD_FEATURES):].astype(bool).any(axis=1))
     probability = verifier.model.probability(features) if verifier.model else np.zeros(len(pairs))
     return PairTable(np.asarray(sims), guard_ok, probability, np.array([p.label for p in pairs]))
 
@@ -43,7 +43,8 @@ def tabulate(pairs: Sequence[Pair], sims: np.ndarray, verifier: PairVerifier) ->
 def decide(table: PairTable, policy: SemanticPolicy) -> np.ndarray:
     """Vectorised :meth:`PairVerifier.verify` over a table (tested to agree with it)."""
     gate = (table.similarity >= policy.threshold) & table.guard_ok
-    return gate & ((table.similarity >= policy.accept_above) | (table.probability >= policy.min_probability))
+    served: np.ndarray = gate & ((table.similarity >= policy.accept_above) | (table.probability >= policy.min_probability))
+    return served
 
 
 def precision_lower_bound(true_hits: np.ndarray | int, hits: np.ndarray | int, z: float) -> np.ndarray:

@@ -100,7 +100,8 @@ def stable_bucket(text: str) -> int:
 
 def split_pairs(pairs: Sequence[Pair], held_out_percent: int) -> tuple[list[Pair], list[Pair]]:
     """(kept, held out), by a stable hash of the cached sentence, so a sentence stays on one side."""
-    kept, held = [], []
+    kept: list[Pair] = []
+    held: list[Pair] = []
     for pair in pairs:
         (held if stable_bucket(pair.cached) < held_out_percent else kept).append(pair)
     return kept, held

@@ -48,12 +48,12 @@ def qqp_hard(path: Path, split: str, pool_size: int = QQP_POOL_SIZE) -> list[Pai
     for start in range(0, len(chosen), size):
         pool = chosen[start : start + size]
         origins, similars = [r["origin"] for r in pool], [r["similar"] for r in pool]
-        clusters = np.array([find(o) for o in origins])
+        labels = np.array([find(o) for o in origins])
         vectorizer = TfidfVectorizer(lowercase=True, dtype=np.float32).fit(origins + similars)
         origin_matrix, similar_matrix = vectorizer.transform(origins), vectorizer.transform(similars)
         for block in range(0, len(pool), 1000):
             scores = (origin_matrix[block : block + 1000] @ similar_matrix.T).toarray()
-            scores[clusters[block : block + 1000, None] == clusters[None, :]] = -1.0
+            scores[labels[block : block + 1000, None] == labels[None, :]] = -1.0
             for offset, best in enumerate(scores.argmax(axis=1)):
                 if scores[offset, best] >= 0.0:  # a pool of one cluster has no negative to offer
                     pairs.append(Pair(cached=origins[block + offset], asked=similars[best], label=0))
