@@ -511,9 +511,16 @@ ADMIN_TOKEN = "test-admin-token"
 
 def strata_settings(redis_url: str, upstream_url: str, **overrides: object) -> Settings:
     """A test Strata's settings: the test Redis, a fake upstream, the fixture policy, the exact
-    layer only, short upstream bounds; ``overrides`` are flat setting names."""
+    layer only, short upstream bounds; ``overrides`` are flat setting names.
+
+    Redis gets 5 s, not production's fail-fast 0.25 s: on a loaded 2-core machine a command waits
+    for the scheduler longer than that, and a timed-out lookup is a bypass that calls the model,
+    which breaks every test that counts model calls or expects a hit. The bound itself is tested
+    where it is the subject (``test_a_paused_redis_costs_a_bounded_wait_not_an_outage``)."""
     values: dict[str, object] = {
         "redis_url": redis_url,
+        "redis_timeout_s": 5.0,
+        "lookup_timeout_s": 5.0,
         "upstream_url": upstream_url + "/v1",
         "upstream_timeout_s": 1.0,
         "upstream_max_retries": 0,
