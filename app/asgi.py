@@ -11,6 +11,7 @@ from litestar.di import Provide
 
 from app.api.admin import AdminController
 from app.api.chat import ChatController
+from app.api.feedback import FeedbackController
 from app.api.health import HealthController
 from app.api.openai_surface import OpenAISurfaceController
 from app.api.openapi import OpenAPIController
@@ -38,7 +39,7 @@ def create_app(settings: Settings | None = None, encoder: Encoder | None = None)
     settings = settings or Settings.from_env()
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return Litestar(
-        route_handlers=[ChatController, OpenAISurfaceController, AdminController, HealthController, OpenAPIController],
+        route_handlers=[ChatController, FeedbackController, OpenAISurfaceController, AdminController, HealthController, OpenAPIController],
         # Strata serves its own document at /openapi.json (app/api/openapi.py).
         openapi_config=None,
         dependencies={"resources": Provide(_resources, sync_to_thread=False)},

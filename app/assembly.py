@@ -24,10 +24,11 @@ from app.cache.base import CacheLayer
 from app.cache.buckets import Bucket, Buckets, open_buckets
 from app.cache.embeddings import CachedEmbeddings, EmbeddingsCache
 from app.cache.exact import ExactCache
+from app.cache.feedback import Feedback, FeedbackTarget, ServedLog
 from app.cache.invalidation import AuditLog, CacheInvalidator, Invalidator
 from app.cache.judge import AnswerJudge
 from app.cache.layered import LayeredCache, RequestCache
-from app.cache.learning import AnswerLearner
+from app.cache.learning import AnswerLearner, ObservationWriter
 from app.cache.routed import RoutedCache, RoutedInvalidator
 from app.cache.semantic import SemanticCache, adopt_embedder, index_dims
 from app.cache.verify import CandidateCheck, PairVerifier, load_verifier
@@ -90,6 +91,7 @@ class CacheParts:
         cache: What the pipeline asks: the one bucket's layered cache, or the routed one.
         invalidator: What operators ask: the one bucket's invalidator, or the routed one.
         embeddings: ``/v1/embeddings`` cache-aside.
+        feedback: ``/v1/feedback`` (``None`` before a cluster answers).
         flight: Single flight across workers (``None`` before a cluster answers).
         caps: L4's learnt ``max_tokens`` (``None`` before a cluster answers).
     """
@@ -99,6 +101,7 @@ class CacheParts:
     cache: RequestCache
     invalidator: Invalidator
     embeddings: CachedEmbeddings
+    feedback: Feedback | None
     flight: SingleFlight | None
     caps: TokenCaps | None
 
@@ -172,9 +175,10 @@ def assemble(settings: Settings, policy: Policy, buckets: Buckets, metrics: Metr
             layers.append(semantic)
             learner = AnswerLearner(redis, parts.embedder, parts.verifier.analyzer, judge=parts.judge,
                                     documents_of=semantic.documents_of, keys=keys)
+        served = ServedLog(buckets.shared, redis, keys, settings.feedback_ttl_s) if buckets.shared is not None else None
         cache = LayeredCache(versions, layers, metrics, lookup_timeout_s=settings.lookup_timeout_s,
                              judge_timeout_s=options.judge_timeout_s, learner=learner,
-                             max_learning=options.learning_max_pending, generations=generations)
+                             max_learning=options.learning_max_pending, generations=generations, served=served)
         invalidator = CacheInvalidator(redis, versions, generations, policy, semantic, audit=audit)
         each.append(BucketCache(bucket, versions, generations, cache, semantic, invalidator))
     routed: RequestCache
@@ -196,8 +200,13 @@ def assemble(settings: Settings, policy: Policy, buckets: Buckets, metrics: Metr
     stored = EmbeddingsCache(each[0].bucket.redis, each[0].versions, settings.embeddings_ttl_s) \
         if each and settings.embeddings_ttl_s > 0 else None
     embeddings = CachedEmbeddings(stored, metrics)
+    feedback = None
+    if each and buckets.shared is not None and audit is not None:
+        targets = [FeedbackTarget(b.bucket.redis, ObservationWriter(b.bucket.redis, b.bucket.keys)) for b in each]
+        log = ServedLog(buckets.shared, each[0].bucket.redis, each[0].bucket.keys, settings.feedback_ttl_s)
+        feedback = Feedback(log, targets, buckets.holding, audit)
     return CacheParts(buckets=buckets, each=tuple(each), cache=routed, invalidator=invalidating,
-                      embeddings=embeddings, flight=flight, caps=caps)
+                      embeddings=embeddings, feedback=feedback, flight=flight, caps=caps)
 
 
 def pipeline_over(parts: CacheParts, settings: Settings, upstream: Upstream, metrics: Metrics) -> ChatPipeline:

@@ -67,6 +67,12 @@ class NotFound(StrataError):
     error_type = "not_found_error"
 
 
+class Conflict(StrataError):
+    """The request contradicts what is already there (feedback given twice)."""
+
+    status_code = 409
+
+
 class RateLimited(StrataError):
     """The tenant spent its request budget; ``Retry-After`` says when to come back."""
 

@@ -140,8 +140,12 @@ class Metrics:
         self.observations = Counter(
             "strata_semantic_observations",
             "Answered misses compared with their nearest candidate, by category, result (equivalent, different, "
-            "dropped) and whether the candidate would have been served (explored)",
+            "curated, dropped, judge_failed) and whether the candidate would have been served (explored)",
             ["category", "result", "explored"], registry=r,
+        )
+        self.feedback = Counter(
+            "strata_feedback", "End users' verdicts on served hits (POST /v1/feedback), by verdict and layer",
+            ["verdict", "layer"], registry=r,
         )
         self.entry_merges = Counter(
             "strata_semantic_entry_merges",

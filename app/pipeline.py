@@ -19,7 +19,7 @@ from app.metrics import Metrics
 from app.relay import Exchange, Relay
 from app.settings import LimitSettings
 from app.singleflight import SingleFlight
-from app.stream import serve_hit
+from app.stream import new_completion_id, serve_hit
 from app.token_caps import TokenCaps
 from app.wire import ChatCompletionRequest
 
@@ -76,7 +76,10 @@ class ChatPipeline:
         plan = await self._plan(call, named)
         plan, hit = await self._cache.lookup(plan)
         if hit is not None:
-            return serve_hit(hit, request, started, self._metrics, category=call.category.name)
+            response_id = new_completion_id()
+            result = serve_hit(hit, request, started, self._metrics, category=call.category.name, response_id=response_id)
+            self._cache.remember(plan, hit, response_id)  # after the response: feedback names it by its id
+            return result
         exchange = Exchange(body={}, stream=request.stream, plan=plan, started=started, category=call.category.name,
                             outcome=Outcome.MISS if plan.reads else Outcome.BYPASS)
         if self._flight is not None and plan.reads and plan.writes and plan.query is not None:

@@ -48,6 +48,15 @@ class SemanticPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     # are the riskier ones, and a wrong one found this way vetoes the entry there, so a question
     # served wrongly is not served wrongly on all its repeats. Costs reach (docs/QUALITY.md).
     entry_explore: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.0
+    # Share of would-be hits of a question already served semantically once (asked again) sent
+    # upstream anyway: a wrong answer served to it is found on a repeat instead of repeated
+    # silently, and the explored repeat's fresh answer is stored exactly, so it costs at most
+    # about one model call per repeated question.
+    repeat_explore: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.0
+    # The prior (from `accept_above`) serves only what is safe for any domain (the same content
+    # words) until the tenant's pool holds at least 1 / error_bound observations at the
+    # candidate's score or above: fewer cannot tell a wrong share of error_bound from none.
+    prior_evidence: bool = False
     # Guards an entry may outgrow (adaptive categories): a guard (numbers, negation, entities
     # differ) stops turning candidates of an entry down once that many answered misses it turned
     # down had the entry's answer and none had another. 0: guards always hold.

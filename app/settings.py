@@ -145,6 +145,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     singleflight_poll_s: float = 0.02
     # /v1/embeddings responses are cached exactly this long (0: not cached).
     embeddings_ttl_s: int = 86_400
+    # How long a hit's response can be given feedback (POST /v1/feedback): its record's TTL (0: none kept).
+    feedback_ttl_s: int = 86_400
 
     redis: RedisSettings = field(default_factory=RedisSettings)
     upstream: UpstreamSettings = field(default_factory=UpstreamSettings)

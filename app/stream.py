@@ -29,13 +29,18 @@ def sse_event(payload: bytes) -> bytes:
     return b"data: " + payload + b"\n\n"
 
 
+# The id of a hit's response, also in its body (``id``): what ``POST /v1/feedback`` names.
+RESPONSE_ID_HEADER = "X-Cache-Response-Id"
+
+
 def new_completion_id() -> str:
     return f"chatcmpl-{uuid.uuid4().hex}"
 
 
-def refresh_identity(completion: dict[str, Any]) -> dict[str, Any]:
-    """A cached completion with a fresh ``id`` and ``created``, as a new response must have."""
-    completion["id"] = new_completion_id()
+def refresh_identity(completion: dict[str, Any], response_id: str | None = None) -> dict[str, Any]:
+    """A cached completion with a fresh ``id`` (``response_id``, or a new one) and ``created``,
+    as a new response must have."""
+    completion["id"] = response_id or new_completion_id()
     completion["created"] = int(time.time())
     return completion
 
@@ -92,7 +97,7 @@ def replay_chunks(completion: dict[str, Any], *, include_usage: bool) -> Iterato
 
 
 def serve_hit(hit: CacheHit, request: ChatCompletionRequest, started: float, metrics: Metrics,
-              coalesced: bool = False, category: str | None = None) -> ChatResult:
+              coalesced: bool = False, category: str | None = None, response_id: str | None = None) -> ChatResult:
     """A cached (or coalesced) answer as the response the request asked for: JSON or SSE.
 
     Args:
@@ -102,13 +107,16 @@ def serve_hit(hit: CacheHit, request: ChatCompletionRequest, started: float, met
         metrics: Where the outcome is counted.
         coalesced: Whether the answer is another request's (single flight).
         category: The request's cache category, for the per-category counts.
+        response_id: The response's id (a hit's names its record for feedback); a new one if omitted.
     """
     outcome = _HIT_OUTCOMES[hit.layer]
     decoded = hit.decoded if hit.decoded is not None else completion_decoder.decode(hit.completion)
-    completion = refresh_identity(decoded)
+    completion = refresh_identity(decoded, response_id)
     if hit.source == "faq":
         completion["model"] = request.model  # an operator's answer, in the shape the request expects
     headers = {"X-Cache": outcome.value, "X-Cache-Source": hit.source}
+    if response_id is not None:
+        headers[RESPONSE_ID_HEADER] = response_id
     if hit.similarity is not None:
         headers["X-Cache-Similarity"] = f"{hit.similarity:.3f}"
     if hit.reason is not None:

@@ -13,6 +13,7 @@ from litestar import Controller, Request, get
 from litestar.openapi.plugins import SwaggerRenderPlugin
 
 from app import __version__
+from app.cache.feedback import FeedbackRequest
 from app.cache.invalidation import Invalidation
 from app.lifespan import Resources
 from app.wire import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, ErrorResponse
@@ -28,9 +29,10 @@ def _error(description: str) -> dict[str, Any]:
 
 
 def build_openapi(category_names: list[str]) -> dict[str, Any]:
-    (request_schema, _, invalidation_schema, completion_schema, embedding_schema), components = (
+    (request_schema, _, invalidation_schema, completion_schema, embedding_schema, feedback_schema), components = (
         msgspec.json.schema_components(
-            [ChatCompletionRequest, ErrorResponse, Invalidation, CompletionRequest, EmbeddingRequest], ref_template=_REF
+            [ChatCompletionRequest, ErrorResponse, Invalidation, CompletionRequest, EmbeddingRequest, FeedbackRequest],
+            ref_template=_REF,
         )
     )
     json_object = {"type": "object", "additionalProperties": True}
@@ -91,6 +93,17 @@ def build_openapi(category_names: list[str]) -> dict[str, Any]:
                     "200": {"description": "The embeddings", "content": {"application/json": {"schema": json_object}}},
                     "400": _error("Invalid request"), "401": _error("Missing or unknown API key"),
                     "429": _error("Tenant over its rate limit"), "502": _error("The model server failed")}}},
+            "/v1/feedback": {"post": {
+                "operationId": "giveFeedback", "security": bearer,
+                "description": "An end user's verdict on a hit, named by its response id (the body's id, also "
+                               "X-Cache-Response-Id): wrong vetoes that entry or alias at that similarity at once "
+                               "(an exact entry is deleted); right is a right observation. One per response.",
+                "requestBody": {"required": True, "content": {"application/json": {"schema": feedback_schema}}},
+                "responses": {
+                    "200": {"description": "What the verdict did", "content": {"application/json": {"schema": json_object}}},
+                    "400": _error("Malformed feedback"), "401": _error("Missing or unknown API key"),
+                    "404": _error("No such response for this tenant"), "409": _error("Feedback given already"),
+                    "429": _error("Tenant over its rate limit")}}},
             "/v1/{path}": {method: {
                 "operationId": f"passThrough{method.capitalize()}", "security": bearer,
                 "description": "Any other path under /v1/: passed to the model server untouched, never cached.",

@@ -184,6 +184,13 @@ def within_bound(counts: PooledCounts, bin_: int, policy: SemanticPolicy, *, pri
     return (lower if prior else upper) <= policy.error_bound
 
 
+def prior_has_evidence(counts: PooledCounts, bin_: int, policy: SemanticPolicy) -> bool:
+    """Whether the pool has seen enough at this score or above for the prior to speak: at least
+    1 / error_bound observations (fewer cannot tell a wrong share of error_bound from none)."""
+    assert policy.error_bound is not None
+    return counts.at_or_above(bin_)[1] >= math.ceil(1 / policy.error_bound)
+
+
 def entry_record_fields(floor: float, bin_: int) -> list[str]:
     """The entry's record fields an entry-record decision reads: confirmations at scores from
     the band's floor up to the candidate's bin, and the entry's highest wrong similarity."""
@@ -261,10 +268,12 @@ class Serve(msgspec.Struct, frozen=True, kw_only=True):
     Attributes:
         row: The document that matched.
         reason: Why (``above_band``, ``within_bound``, ``entry_record``).
+        score_bin: Its decision score's bin (what an observation of it counts under).
     """
 
     row: Nearest
     reason: str
+    score_bin: int
 
 
 class Precision(msgspec.Struct, frozen=True, kw_only=True):
@@ -302,13 +311,16 @@ class AdaptiveDecision:
         redis: The Redis holding the entries (their records are read for would-be hits only).
         check: The guards, and where every verdict is counted.
         pooled: The pooled observations of the keyspace.
+        keys: The keyspace (where the served questions are remembered).
         seed: Seed of the exploration draws: random across questions and across repeats of one
             question (a question served wrongly is checked again), and seeded, so that a replay
             of a stream in one process makes the same draws every time.
     """
 
-    def __init__(self, redis: Redis, check: CandidateCheck, pooled: PooledObservations, *, seed: int = 0) -> None:
+    def __init__(self, redis: Redis, check: CandidateCheck, pooled: PooledObservations, *, seed: int = 0,
+                 keys: Keyspace = KEYS) -> None:
         self._redis = redis
+        self._keys = keys
         self._check = check
         self.pooled = pooled
         self._explore = random.Random(seed)
@@ -345,29 +357,38 @@ class AdaptiveDecision:
             others = [other.similarity for other in rows if root_of(other) != root]
             score = decision_score(row.similarity, max(others) if others else None, policy.threshold)
             bin_ = score_bin(score)
-            verdict = await self._verdict(query, row, root, bin_, score)
+            verdict = await self._verdict(query, question, row, root, bin_, score)
             candidate = _candidate(row, root, rows, bin_, policy, guard=guard, lifted=lifted)
             if turned_down is not None:  # learn about the guard of the nearer one too
                 candidate = msgspec.structs.replace(candidate, turned_down=TurnedDown(
                     root=turned_down.root, answer=turned_down.answer, guard=turned_down.guard))
             rate = policy.entry_explore if verdict.reason == ENTRY_RECORD else policy.explore
+            if candidate.source != SOURCE_MODEL:
+                rate = 0.0  # a model's answer does not judge a curated one: exploring it teaches nothing
+            elif verdict.accepted and policy.repeat_explore > rate and await self._served_before(query):
+                # Served before and asked again: check it more often than a fresh question, so a
+                # wrong answer is not repeated silently (its explored repeat vetoes it).
+                rate = policy.repeat_explore
+                candidate = msgspec.structs.replace(candidate, repeat=True)
             if verdict.accepted and rate and self._explore.random() < rate:
                 return msgspec.structs.replace(candidate, explored=True)
             if verdict.accepted:
-                return Serve(row=row, reason=verdict.reason)
+                return Serve(row=row, reason=verdict.reason, score_bin=bin_)
             return candidate
         return turned_down
 
-    async def _verdict(self, query: CacheQuery, row: Nearest, root: str, bin_: int, score: float) -> Verdict:
+    async def _verdict(self, query: CacheQuery, question: str, row: Nearest, root: str, bin_: int,
+                       score: float) -> Verdict:
         """The verdict on one candidate the guards let through (counted): the document's own wrong
         record, then the pool (with the prior from ``accept_above``), then the entry's record."""
         policy = query.category.semantic
         similarity = row.similarity
         wrong_before = milli(similarity) <= int(row.fields.get(FIELD_WRONG_ABOVE) or -1)
-        prior = similarity >= policy.accept_above
-        within = not wrong_before and within_bound(
-            await self.pooled.counts(query.version, query.category.name, query.canonical.tenant), bin_, policy,
-            prior=prior)
+        counts = await self.pooled.counts(query.version, query.category.name, query.canonical.tenant)
+        prior = similarity >= policy.accept_above and (
+            not policy.prior_evidence or prior_has_evidence(counts, bin_, policy)
+            or self._check.same_content(question, row.fields[FIELD_QUESTION]))
+        within = not wrong_before and within_bound(counts, bin_, policy, prior=prior)
         entry = False
         if within and root != row.key:
             # A wrong observation on any document of the entry vetoes its aliases too; read only
@@ -383,6 +404,10 @@ class AdaptiveDecision:
         if within:
             return self._check.count(Verdict(True, ABOVE_BAND if prior else ENTRY_RECORD if entry else WITHIN_BOUND))
         return self._check.count(Verdict(False, OUTSIDE_BOUND))
+
+    async def _served_before(self, query: CacheQuery) -> bool:
+        """Whether this very question was served semantically before (one read, would-be hits only)."""
+        return bool(await self._redis.exists(self._keys.served_key(query.version, query.entry_digest)))
 
     async def _guard_lifted(self, root: str, guard: str, policy: SemanticPolicy) -> bool:
         """Whether the entry has outgrown a guard: ``guard_lift`` answered misses it turned
@@ -411,5 +436,5 @@ def _candidate(row: Nearest, root: str, rows: Sequence[Nearest], bin_: int, poli
                guard: str = "", lifted: bool = False) -> Candidate:
     return Candidate(key=row.key, root=root, question=row.fields[FIELD_QUESTION], similarity=row.similarity,
                      score_bin=bin_, answer=answer_bytes(row), neighbours=neighbours_of(root, row, rows, policy.threshold),
-                     guard=guard, guard_lifted=lifted)
+                     guard=guard, guard_lifted=lifted, source=source_of(row))
 

@@ -78,6 +78,8 @@ class CacheHit(msgspec.Struct, frozen=True, kw_only=True):
         decoded: The completion, once the cache has decoded and checked it.
         source: ``model`` (the model's answer) or ``faq`` (an operator's curated answer).
         key: The entry it came from (semantic layer: the entry whose answer it serves).
+        document: The document that matched: the exact entry, or a semantic entry or alias.
+        score_bin: The adaptive decision's score bin (semantic layer only).
     """
 
     layer: str
@@ -88,6 +90,8 @@ class CacheHit(msgspec.Struct, frozen=True, kw_only=True):
     decoded: dict[str, Any] | None = None
     source: str = "model"
     key: str | None = None
+    document: str | None = None
+    score_bin: int | None = None
 
 
 class Nearest(NamedTuple):
@@ -150,6 +154,8 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
         guard_lifted: Whether the entry has outgrown that guard, so the candidate was decided
             as any other.
         turned_down: The nearest document a guard turned down before this candidate, if any.
+        source: ``model`` or ``faq``: a curated answer is not judged by the model's answer.
+        repeat: Whether this question was served semantically before (explored more often).
     """
 
     key: str
@@ -163,6 +169,8 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
     guard: str = ""
     guard_lifted: bool = False
     turned_down: TurnedDown | None = None
+    source: str = "model"
+    repeat: bool = False
 
 
 class Verdict(msgspec.Struct, frozen=True):
@@ -179,6 +187,10 @@ class Verifier(Protocol):
 
     def guard(self, asked: str, cached: str) -> str | None:
         """The guards alone: the reason they reject the pair, or ``None``."""
+        ...
+
+    def same_content(self, asked: str, cached: str) -> bool:
+        """Whether the two questions say the same words (a repeat in other function words)."""
         ...
 
 

@@ -60,7 +60,7 @@ class ExactCache:
             value = self._unwritten.get(key)
             if value is None:
                 return None
-        return CacheHit(layer=self.name, completion=value)
+        return CacheHit(layer=self.name, completion=value, key=key, document=key)
 
     async def store(self, query: CacheQuery, completion: bytes) -> None:
         key = exact_key(query, self._keys)

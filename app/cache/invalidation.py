@@ -152,10 +152,15 @@ class AuditLog:
         self.redis = redis
 
     async def record(self, what: Invalidation, done: Invalidated, who: str) -> None:
-        await self.redis.xadd(AUDIT_KEY, {"who": who, "kind": done.kind, "target": done.target, "deleted": done.deleted,
-                                          "request": msgspec.json.encode(what).decode(), "at": int(time.time())},
-                              maxlen=AUDIT_MAX_LEN, approximate=True)
+        """Append an invalidation."""
+        await self.record_event(who=who, done=done, request=msgspec.to_builtins(what))
         logger.info("invalidated %s %s by %s (%d deleted)", done.kind, done.target, who, done.deleted)
+
+    async def record_event(self, *, who: str, done: Invalidated, request: dict[str, object]) -> None:
+        """Append one entry: who, what kind, its target, what was deleted, the request as JSON."""
+        await self.redis.xadd(AUDIT_KEY, {"who": who, "kind": done.kind, "target": done.target, "deleted": done.deleted,
+                                          "request": msgspec.json.encode(request).decode(), "at": int(time.time())},
+                              maxlen=AUDIT_MAX_LEN, approximate=True)
 
     async def latest(self, count: int = 50) -> list[dict[str, str]]:
         """The latest invalidations, newest first."""

@@ -21,10 +21,16 @@ Redis key layout (every name readable with ``redis-cli``)::
                                            capped, cut), for the learned max_tokens
     strata:vN:sem:faq-<sha256>     HASH    a curated answer (`strata faq load`), or one of its variants
     strata:vN:faqset:<name>        SET     the keys one `strata faq load` file wrote (replaced on reload)
+    strata:vN:served:<sha256>      HASH    a question served semantically (document, root, similarity,
+                                           count), TTL from the category: asked again, it is explored
+                                           at semantic.repeat_explore
+    strata:resp:<response id>      HASH    what a hit served (tenant, user, category, version, layer,
+                                           document, root, similarity, score_bin, source, verdict once
+                                           given), STRATA_FEEDBACK_TTL_S: POST /v1/feedback reads it
 
 On a Redis Cluster (``STRATA_REDIS_URL=redis+cluster://...``) the cache is split into buckets
 (app/cache/buckets.py), each a hash tag such as ``b7`` listed in ``strata:meta:buckets`` (STRING,
-comma-separated). Every key above except the usage counts, L4's statistics and the audit stream
+comma-separated). Every key above except the usage counts, L4's statistics, the response records and the audit stream
 then lives in a bucket, with the tag after the namespace, and the version and scope counters
 are per bucket::
 
@@ -90,6 +96,16 @@ OBS_CURATED = "curated"
 # whose answer was the entry's or another's (semantic.guard_lift).
 OBS_GUARD_OK = "guard_ok"
 OBS_GUARD_WRONG = "guard_wrong"
+# A response record (strata:resp:<id>) and a served question (strata:vN:served:<sha256>): which
+# layer, version and document served it, at which similarity and score bin, the end user's verdict
+# once given (right / wrong), and how often a served question was served.
+FIELD_LAYER = "layer"
+FIELD_VERSION = "version"
+FIELD_DOCUMENT = "document"
+FIELD_SIMILARITY = "similarity"
+FIELD_SCORE_BIN = "score_bin"
+FIELD_VERDICT = "verdict"
+FIELD_SERVED = "served"
 OBS_EXPLORED_OK = "explored_ok"
 OBS_EXPLORED_WRONG = "explored_wrong"
 
@@ -198,12 +214,22 @@ class Keyspace(msgspec.Struct, frozen=True):
     def faq_set_key(self, tag: str, name: str) -> str:
         return f"{self.namespace}:{tag}:faqset:{name}"
 
+    def served_key(self, tag: str, digest: str) -> str:
+        """A question served semantically (its entry digest): asked again, it is explored more often."""
+        return f"{self.namespace}:{tag}:served:{digest}"
+
     def observations_key(self, tag: str, category: str, tenant: str | None = None) -> str:
         """Pooled observations of an adaptive category: one tenant's (what its decisions read:
         one tenant's traffic never moves what another is served), or with ``tenant=None`` every
         tenant's together (what the live-precision figures of /health and /metrics read)."""
         pool = f"{self.namespace}:{tag}:obs:{category}"
         return pool if tenant is None else f"{pool}:{tenant}"
+
+
+def response_key(response_id: str) -> str:
+    """What a served hit was, by its response id (the ``id`` of its body): for ``/v1/feedback``.
+    Outside any bucket and version: feedback names the response, not where it came from."""
+    return f"{NAMESPACE}:resp:{response_id}"
 
 
 def observation_field(result: str, score_bin: int) -> str:

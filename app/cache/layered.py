@@ -18,6 +18,7 @@ import msgspec
 
 from app.cache.base import CACHE_ERRORS, CacheHit, CacheLayer, CacheQuery, Candidate, CorruptEntry
 from app.cache.exact import EXACT
+from app.cache.feedback import ServedLog
 from app.cache.keys import NO_GENERATION, CanonicalRequest
 from app.cache.learning import AnswerLearner
 from app.cache.semantic import SEMANTIC
@@ -87,6 +88,8 @@ class RequestCache(Protocol):
 
     async def store(self, plan: CachePlan, raw: bytes, completion: dict[str, Any]) -> None: ...
 
+    def remember(self, plan: CachePlan, hit: CacheHit, response_id: str) -> None: ...
+
     async def settle(self) -> None: ...
 
 
@@ -104,11 +107,13 @@ class LayeredCache:
             waits on the LLM judge.
         learner: Learns from answered misses of adaptive categories, off the request path.
         max_learning: Observations in flight per worker; beyond it new ones are dropped (counted).
+        served: Where what each hit served is recorded (feedback, repeats); ``None``: nowhere.
     """
 
     def __init__(self, versions: VersionTag, layers: Sequence[CacheLayer], metrics: Metrics, *,
                  lookup_timeout_s: float, judge_timeout_s: float = 0.0, learner: AnswerLearner | None = None,
-                 max_learning: int = 256, generations: ScopeGenerations | None = None) -> None:
+                 max_learning: int = 256, generations: ScopeGenerations | None = None,
+                 served: ServedLog | None = None) -> None:
         self.versions = versions
         self.generations = generations
         self._layers = list(layers)
@@ -121,6 +126,7 @@ class LayeredCache:
         self._learner = learner
         self._max_learning = max_learning
         self._learning: set[asyncio.Task[None]] = set()
+        self._served = served
 
     def layer(self, name: str) -> CacheLayer | None:
         return self._by_name.get(name)
@@ -306,10 +312,29 @@ class LayeredCache:
         if observed is None:
             self._metrics.observations.labels(query.category.name, "judge_failed", str(candidate.explored).lower()).inc()
             return
-        result = "equivalent" if observed.same else "different"
+        result = "curated" if not observed.recorded else "equivalent" if observed.same else "different"
         self._metrics.observations.labels(query.category.name, result, str(candidate.explored).lower()).inc()
         if observed.merged:
             self._metrics.entry_merges.labels(query.category.name).inc(observed.merged)
+
+    def remember(self, plan: CachePlan, hit: CacheHit, response_id: str) -> None:
+        """Record what served a hit, after its response (in the background, bounded like the
+        observations): the response's record for feedback, and a semantically served question."""
+        if self._served is None or plan.query is None:
+            return
+        if len(self._learning) >= self._max_learning:
+            self._metrics.cache_failed("served", "store", OverflowError("too many records in flight"))
+            return
+        task = asyncio.create_task(self._remember(plan.query, hit, response_id))
+        self._learning.add(task)
+        task.add_done_callback(self._learning.discard)
+
+    async def _remember(self, query: CacheQuery, hit: CacheHit, response_id: str) -> None:
+        assert self._served is not None
+        try:
+            await self._served.remember(query, hit, response_id)
+        except CACHE_ERRORS as exc:
+            self._metrics.cache_failed("served", "store", exc)
 
     async def settle(self) -> None:
         """Wait for the observations in flight (shutdown, replays that must be deterministic)."""

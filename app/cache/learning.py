@@ -65,7 +65,7 @@ POOLED_TTL_S = 30 * 86400
 # also raises the highest wrong similarity of the document and of its entry (so every alias of the
 # entry is vetoed there). An equivalent one also counts on the entry's own record (``confirmed:<bin>``).
 # KEYS: document, category figures, entry, tenant pool. ARGV: field, wrong (0/1), similarity x1000,
-# explored field or "", pool TTL, entry record field.
+# explored field or "", pool TTL, entry record field, whether the pools count it (1/0).
 _OBSERVE = f"""
 local function raise_wrong(key)
   if redis.call('EXISTS', key) == 0 then return end
@@ -79,6 +79,7 @@ if ARGV[2] == '1' then
 elseif redis.call('EXISTS', KEYS[3]) == 1 then
   redis.call('HINCRBY', KEYS[3], ARGV[6], 1)
 end
+if ARGV[7] == '0' then return 1 end
 for _, pool in ipairs({{KEYS[2], KEYS[4]}}) do
   redis.call('HINCRBY', pool, ARGV[1], 1)
   if ARGV[4] ~= '' then redis.call('HINCRBY', pool, ARGV[4], 1) end
@@ -165,13 +166,56 @@ class Observed(msgspec.Struct, frozen=True, kw_only=True):
     Attributes:
         same: Whether the candidate's answer was right.
         merged: Entries merged into the one the new question joined.
+        recorded: ``False`` for a curated candidate: the model's answer does not judge it.
     """
 
     same: bool
     merged: int = 0
+    recorded: bool = True
 
 
 DocumentsOf = Callable[[str, str], Awaitable[set[str]]]
+
+
+class ObservationWriter:
+    """Records one observation: on the document, the entry and the tenant's pool (the answered
+    misses of :class:`AnswerLearner`, and end users' feedback, app/cache/feedback.py).
+
+    Args:
+        redis: The Redis of the keyspace.
+        keys: The keyspace.
+    """
+
+    def __init__(self, redis: Redis, keys: Keyspace = KEYS) -> None:
+        self._keys = keys
+        self._observe = redis.register_script(_OBSERVE)
+
+    async def record(self, tag: str, category: str, tenant: str, *, document: str, root: str, similarity: float,
+                     score_bin: int, same: bool, explored: bool = False, pooled: bool = True) -> None:
+        """Count whether a document's answer was right for a question at this similarity.
+
+        Args:
+            tag: The version tag.
+            category: The category.
+            tenant: Whose question (the pool it counts in).
+            document: The document that matched (an entry or an alias).
+            root: Its entry.
+            similarity: The two questions' cosine similarity.
+            score_bin: The decision score's bin.
+            same: Whether the answer was right; a wrong one vetoes the document and its entry for
+                candidates at this similarity or below (``wrong_above``).
+            explored: Whether it was an explored would-be hit (the live precision counts those).
+            pooled: Whether the tenant's pool counts it (a user's "right" on a served hit does not:
+                served hits are no fair sample, and a user's votes must not loosen what others get).
+        """
+        field = observation_field(OBS_OK if same else OBS_WRONG, score_bin)
+        explored_field = (OBS_EXPLORED_OK if same else OBS_EXPLORED_WRONG) if explored else ""
+        await self._observe(
+            keys=[document, self._keys.observations_key(tag, category), root,
+                  self._keys.observations_key(tag, category, tenant)],
+            args=[field, "0" if same else "1", round(similarity * 1000), explored_field, POOLED_TTL_S,
+                  observation_field(OBS_CONFIRMED, score_bin), "1" if pooled else "0"],
+        )
 
 
 class AnswerLearner:
@@ -196,7 +240,7 @@ class AnswerLearner:
         self._embedder = embedder
         self._analyzer = analyzer
         self._documents_of = documents_of
-        self._observe = redis.register_script(_OBSERVE)
+        self.observations = ObservationWriter(redis, keys)
         self._alias = redis.register_script(_ALIAS)
         self._merge = redis.register_script(_MERGE)
         self._count_guard = redis.register_script(_COUNT_GUARD)
@@ -256,7 +300,13 @@ class AnswerLearner:
         """
         policy = query.category.semantic
         neighbours = candidate.neighbours if self._documents_of is not None else ()
-        if policy.judge_after_miss and self._judge is not None and query.canonical.question is not None:
+        judged = policy.judge_after_miss and self._judge is not None and query.canonical.question is not None
+        if candidate.source != SOURCE_MODEL and not judged:
+            # An operator's curated answer is authoritative: the model may not know the policy, so
+            # its differing answer neither vetoes nor confirms it. Feedback and the judge do.
+            return Observed(same=False, recorded=False)
+        if judged:
+            assert self._judge is not None and query.canonical.question is not None
             verdict = await self._judge.confirm(query.canonical.question, candidate.question, query.canonical.model)
             if verdict.reason == JUDGE_FAILED:
                 return None
@@ -275,14 +325,9 @@ class AnswerLearner:
             await self._count_guard(keys=[candidate.root],
                                     args=[f"{OBS_GUARD_OK if same else OBS_GUARD_WRONG}:{candidate.guard}"])
         if not candidate.guard or candidate.guard_lifted:
-            field = observation_field(OBS_OK if same else OBS_WRONG, candidate.score_bin)
-            explored = (OBS_EXPLORED_OK if same else OBS_EXPLORED_WRONG) if candidate.explored else ""
-            await self._observe(
-                keys=[candidate.key, self._keys.observations_key(query.version, query.category.name), candidate.root,
-                      self._keys.observations_key(query.version, query.category.name, query.canonical.tenant)],
-                args=[field, "0" if same else "1", round(candidate.similarity * 1000), explored, POOLED_TTL_S,
-                      observation_field(OBS_CONFIRMED, candidate.score_bin)],
-            )
+            await self.observations.record(query.version, query.category.name, query.canonical.tenant,
+                                           document=candidate.key, root=candidate.root, similarity=candidate.similarity,
+                                           score_bin=candidate.score_bin, same=same, explored=candidate.explored)
         entry = candidate.root if same else (neighbours[0].root if neighbours else None)
         if entry is None or policy.max_aliases <= 0:
             return Observed(same=same)

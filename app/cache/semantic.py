@@ -26,8 +26,18 @@ from redisvl.index import AsyncSearchIndex
 from redisvl.query import FilterQuery, VectorQuery
 from redisvl.query.filter import FilterExpression, Tag
 
-from app.cache.adaptive import AdaptiveDecision, PooledObservations, Serve, answer_bytes, check_row, root_of, source_of
-from app.cache.base import CacheHit, CacheQuery, Candidate, EmbeddingFailed, Nearest
+from app.cache.adaptive import (
+    AdaptiveDecision,
+    PooledObservations,
+    Serve,
+    answer_bytes,
+    check_row,
+    milli,
+    root_of,
+    score_bin,
+    source_of,
+)
+from app.cache.base import CacheHit, CacheQuery, Candidate, EmbeddingFailed, Nearest, Verdict
 from app.cache.entry import CacheEntry, EntryWriter
 from app.cache.keys import (
     FIELD_ANSWER,
@@ -44,7 +54,7 @@ from app.cache.keys import (
     as_text,
     faq_scope_digest,
 )
-from app.cache.verify import CandidateCheck, ThresholdVerifier
+from app.cache.verify import WRONG_BEFORE, CandidateCheck, ThresholdVerifier
 from app.embed import Embedder
 from app.policy import SemanticPolicy
 from app.wire import decode_completion
@@ -85,7 +95,7 @@ class SemanticCache:
         self._schema_template = yaml.safe_load(schema_path.read_text(encoding="utf-8"))
         self._check = check or CandidateCheck(ThresholdVerifier())
         self.adaptive = AdaptiveDecision(redis, self._check,
-                                         PooledObservations(redis, learning_refresh_s, keys, pool_sources))
+                                         PooledObservations(redis, learning_refresh_s, keys, pool_sources), keys=keys)
         self._writer = EntryWriter(redis, keys)
         self._indexes: dict[str, AsyncSearchIndex] = {}
         self._index_lock = asyncio.Lock()
@@ -184,22 +194,28 @@ class SemanticCache:
         vector = await self.vector(question, query.canonical.tenant)
         if policy.adaptive:
             decided = await self.adaptive.decide(query, question, await self.candidates(query, vector, ADAPTIVE_CANDIDATES))
-            return await self._hit(decided.row, decided.reason) if isinstance(decided, Serve) else decided
+            if isinstance(decided, Serve):
+                return await self._hit(decided.row, decided.reason, decided.score_bin)
+            return decided
         for row in await self.candidates(query, vector):
             if row.similarity < policy.threshold:
                 break  # most similar first: the rest are below too
             check_row(row)
+            if milli(row.similarity) <= int(row.fields.get(FIELD_WRONG_ABOVE) or -1):
+                # An end user said this document's answer was wrong at this similarity or below.
+                self._check.count(Verdict(False, WRONG_BEFORE))
+                continue
             verdict = await self._check.decide(question, row.fields[FIELD_QUESTION], row.similarity, policy,
                                                query.canonical.model)
             if verdict.accepted:
-                return await self._hit(row, verdict.reason)
+                return await self._hit(row, verdict.reason, score_bin(row.similarity))
         return None
 
-    async def _hit(self, row: Nearest, reason: str) -> CacheHit:
+    async def _hit(self, row: Nearest, reason: str, bin_: int) -> CacheHit:
         await self._redis.hincrby(row.key, FIELD_HITS, 1)
         return CacheHit(layer=self.name, completion=answer_bytes(row), similarity=row.similarity,
                         matched_question=row.fields[FIELD_QUESTION], reason=reason, source=source_of(row),
-                        key=root_of(row))
+                        key=root_of(row), document=row.key, score_bin=bin_)
 
     async def documents_of(self, tag: str, root: str) -> set[str]:
         """The keys of every document serving an entry's answer: the entry and its aliases."""

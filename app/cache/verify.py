@@ -546,6 +546,12 @@ class PairVerifier:
             return 0.0
         return self.model.probability_row(self.analyzer.pair_features(asked, cached, similarity))
 
+    def same_content(self, asked: str, cached: str) -> bool:
+        """Whether two questions have the same content words and numbers (they differ only in
+        function words, particles, punctuation, case or order): the same question for any domain."""
+        a, b = self.analyzer.profile(asked), self.analyzer.profile(cached)
+        return a.tokens == b.tokens and a.numbers == b.numbers and bool(a.tokens)
+
     def guard(self, asked: str, cached: str) -> str | None:
         """The guards alone: the reason they reject the pair, or ``None``."""
         return self.analyzer.signals(asked, cached).rejection
@@ -580,6 +586,9 @@ class ThresholdVerifier:
 
     def guard(self, asked: str, cached: str) -> str | None:
         return None
+
+    def same_content(self, asked: str, cached: str) -> bool:
+        return False
 
     def verify(self, asked: str, cached: str, similarity: float, policy: SemanticPolicy) -> Verdict:
         if similarity >= policy.threshold:
@@ -637,6 +646,10 @@ class CandidateCheck:
         """The guard that rejects the pair, not yet counted: the candidate's entry may have
         outgrown it (``semantic.guard_lift``)."""
         return self.verifier.guard(asked, cached)
+
+    def same_content(self, asked: str, cached: str) -> bool:
+        """Whether the pair differs only in function words, punctuation, case or order."""
+        return self.verifier.same_content(asked, cached)
 
     def held(self, rejection: str) -> Verdict:
         """Count a guard's rejection that stands."""

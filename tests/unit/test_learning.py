@@ -47,6 +47,38 @@ def test_pooled_counts_are_suffix_sums_and_the_bound_needs_evidence() -> None:
     assert not within_bound(PooledCounts({"ok:090": 30}), 90, ADAPTIVE)  # too few observations
 
 
+def test_the_prior_speaks_only_once_the_pool_has_seen_one_over_the_bound() -> None:
+    from app.cache.adaptive import prior_has_evidence
+
+    policy = SemanticPolicy(threshold=0.6, accept_above=0.88, error_bound=0.01, prior_evidence=True)
+    assert not prior_has_evidence(PooledCounts({}), 90, policy)
+    assert not prior_has_evidence(PooledCounts({"ok:095": 99}), 90, policy)  # 99 < 1 / 0.01
+    assert prior_has_evidence(PooledCounts({"ok:095": 98, "wrong:091": 2}), 90, policy)
+    assert not prior_has_evidence(PooledCounts({"ok:085": 500}), 90, policy)  # evidence below the score only
+
+
+def test_same_content_is_a_repeat_in_other_function_words() -> None:
+    from app.cache.verify import PairVerifier
+
+    verifier = PairVerifier(PairAnalyzer(Lexicon.load(PROJECT_ROOT / "schemas" / "verification.yaml")), None)
+    assert verifier.same_content("怎么申请退款", "怎么申请退款呢？")
+    assert verifier.same_content("How do I reset my password", "how do i reset my password?")
+    assert not verifier.same_content("怎么修改密码", "忘记密码怎么办")  # twin intents: other content words
+    assert not verifier.same_content("怎么退款", "怎么退货")
+    assert not verifier.same_content("transfer 5 dollars", "transfer 9 dollars")
+    assert not verifier.same_content("的", "了")  # no content at all says nothing
+
+
+def test_a_response_record_reads_back_as_written() -> None:
+    from app.cache.feedback import Served
+
+    served = Served(tenant="shop", user="u1", category="faq", version="v3", layer="semantic",
+                    document="strata:v3:sem:" + "a" * 64, root="strata:v3:sem:" + "b" * 64, similarity=0.91234,
+                    score_bin=97, source="faq")
+    raw = {k.encode(): str(v).encode() for k, v in served.to_hash().items()}
+    assert Served.from_hash(raw) == msgspec.structs.replace(served, similarity=0.9123)
+
+
 def completion(text: str) -> bytes:
     return msgspec.json.encode({"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]})
 

@@ -1,0 +1,181 @@
+"""End users' feedback on served answers, repeats of served questions, and curated answers the
+model does not overrule (issue #24), against real Redis Stack, the real embedder and the fake
+upstream."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from app.cache.keys import response_key
+from tests.support import FakeUpstream, ask, keyspace, scan, serve_strata, strata_settings
+
+LEARN = {"X-Cache-Category": "learn"}
+REPEAT = {"X-Cache-Category": "learn_repeat"}
+REFUND = "To get a refund, open the order page and press Refund; see guide 12."
+INVOICE = "Invoices are under Orders, Invoice, for any order older than a day; see guide 31."
+
+
+@pytest.fixture(scope="module")
+def feedback_strata(redis_url: str, fake_upstream: FakeUpstream, use_encoder: Any) -> Iterator[str]:
+    settings = strata_settings(redis_url, fake_upstream.url, semantic_enabled=True, learning_refresh_s=0.0)
+    with serve_strata(settings, use_encoder) as server:
+        yield server.url
+
+
+@pytest.fixture
+def strata(feedback_strata: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream) -> str:
+    fake_upstream.reset()
+    return feedback_strata
+
+
+def eventually(check: Callable[[], Any], timeout: float = 10.0) -> Any:
+    """Records are written after the response, in the background: wait for them."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.05)
+
+
+def seed_pool(redis_sync: redis.Redis, category: str) -> None:
+    """Plenty of clean observations at every score: the category's bound passes everywhere."""
+    pool = keyspace(redis_sync, "default", category).observations_key("v1", category, "default")
+    redis_sync.hset(pool, mapping={f"ok:{b:03d}": 1000 for b in range(50, 160)})
+
+
+def semantic_hit(strata: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream, headers: dict[str, str],
+                 cached: str, asked: str) -> httpx.Response:
+    """A miss for ``cached``, then ``asked`` served from it; its response record written."""
+    fake_upstream.answers[cached] = REFUND
+    assert ask(strata, cached, headers=headers).headers["x-cache"] == "miss"
+    seed_pool(redis_sync, headers["X-Cache-Category"])
+    served = ask(strata, asked, headers=headers)
+    assert served.headers["x-cache"] == "semantic-hit", served.headers
+    assert eventually(lambda: redis_sync.exists(response_key(served.json()["id"])))
+    return served
+
+
+def feedback(strata: str, response_id: Any, verdict: str = "wrong", key: str | None = None, **extra: Any) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.post(strata + "/v1/feedback", json={"id": response_id, "verdict": verdict, **extra}, headers=headers,
+                      timeout=30)
+
+
+def test_a_hits_response_id_is_in_its_body_and_header_and_names_what_served_it(
+        strata: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream) -> None:
+    served = semantic_hit(strata, redis_sync, fake_upstream, LEARN, "怎么申请退款", "怎么申请退款呢")
+    response_id = served.json()["id"]
+    assert served.headers["x-cache-response-id"] == response_id and response_id.startswith("chatcmpl-")
+    record = {k.decode(): v.decode() for k, v in redis_sync.hgetall(response_key(response_id)).items()}
+    assert record["layer"] == "semantic" and record["tenant"] == "default" and record["category"] == "learn"
+    assert record["document"].startswith("strata:") and ":sem:" in record["document"]
+    assert abs(float(record["similarity"]) - float(served.headers["x-cache-similarity"])) < 1e-3
+    # Every hit has a fresh id: the same question served again is another response.
+    again = ask(strata, "怎么申请退款呢", headers=LEARN)
+    assert again.json()["id"] != response_id
+
+
+def test_wrong_vetoes_the_entry_at_that_similarity_at_once_and_is_audited(
+        strata: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream) -> None:
+    served = semantic_hit(strata, redis_sync, fake_upstream, LEARN, "怎么开发票", "怎么开发票呢")
+    given = feedback(strata, served.json()["id"], comment="I asked about invoices for last month")
+    assert given.status_code == 200, given.text
+    assert given.json()["verdict"] == "wrong" and "vetoed" in given.json()["applied"]
+    fake_upstream.answers["怎么开发票呢"] = INVOICE
+    # The same question again: not served from that entry any more (no background wait: at once).
+    again = ask(strata, "怎么开发票呢", headers=LEARN)
+    assert again.headers["x-cache"] == "miss" and again.json()["choices"][0]["message"]["content"] == INVOICE
+    audit = [fields for _, fields in redis_sync.xrevrange("strata:meta:audit", count=20)]
+    assert any(f[b"kind"] == b"feedback" and b"invoices for last month" in f[b"request"] for f in audit)
+
+
+def test_one_verdict_per_response_from_its_own_tenant_only(
+        strata: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream) -> None:
+    served = semantic_hit(strata, redis_sync, fake_upstream, LEARN, "怎么修改收货地址", "怎么修改收货地址呀")
+    response_id = served.json()["id"]
+    assert feedback(strata, response_id, "right").status_code == 200
+    twice = feedback(strata, response_id, "wrong")
+    assert twice.status_code == 409 and twice.json()["error"]["code"] == "feedback_exists"
+    unknown = feedback(strata, "chatcmpl-" + "0" * 32)
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "unknown_response"
+    for bad in ({"id": response_id}, {"id": response_id, "verdict": "meh"}, {"id": "", "verdict": "wrong"},
+                {"id": response_id, "verdict": "wrong", "extra": 1}):
+        refused = httpx.post(strata + "/v1/feedback", json=bad, timeout=30)
+        assert refused.status_code == 400 and set(refused.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_another_tenants_feedback_finds_nothing(redis_url: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream,
+                                                 use_encoder: Any, tmp_path: Any) -> None:
+    from app.auth import add_key
+
+    keys_file = tmp_path / "keys.json"
+    shop, _ = add_key(keys_file, "shop")
+    other, _ = add_key(keys_file, "other")
+    settings = strata_settings(redis_url, fake_upstream.url, semantic_enabled=True, learning_refresh_s=0.0,
+                               keys_file=str(keys_file))
+    fake_upstream.reset()
+    fake_upstream.answers["积分有什么用"] = REFUND
+    with serve_strata(settings, use_encoder) as server:
+        ask(server.url, "积分有什么用", key=shop)
+        served = ask(server.url, "积分有什么用", key=shop)
+        assert served.headers["x-cache"] == "exact-hit"
+        response_id = served.json()["id"]
+        assert eventually(lambda: redis_sync.exists(response_key(response_id)))
+        assert feedback(server.url, response_id, key=other).status_code == 404
+        # Its own tenant: a wrong exact hit deletes that entry, so the model is asked again.
+        done = feedback(server.url, response_id, key=shop)
+        assert done.status_code == 200 and done.json()["applied"] == "deleted the exact entry"
+        assert ask(server.url, "积分有什么用", key=shop).headers["x-cache"] == "miss"
+
+
+def test_a_question_served_semantically_is_explored_when_asked_again(
+        strata: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream) -> None:
+    # learn_repeat: the fixture's learn with repeat_explore 1.0.
+    served = semantic_hit(strata, redis_sync, fake_upstream, REPEAT, "怎么注销账户", "怎么注销账户啊")
+    assert served.headers["x-cache"] == "semantic-hit"
+    tag_keys = keyspace(redis_sync, "default", "learn_repeat")
+    assert eventually(lambda: list(scan(redis_sync, tag_keys.served_key("v1", "*"))))
+    fake_upstream.answers["怎么注销账户啊"] = INVOICE  # another answer: the served one was wrong
+    repeat = ask(strata, "怎么注销账户啊", headers=REPEAT)
+    assert repeat.headers["x-cache"] == "miss" and repeat.json()["choices"][0]["message"]["content"] == INVOICE
+    # The explored repeat's answer is stored for that question, and its observation vetoes the entry there.
+    assert eventually(lambda: ask(strata, "怎么注销账户啊", headers=REPEAT).headers["x-cache"] == "exact-hit")
+
+
+def test_a_models_differing_answer_does_not_veto_a_curated_answer(
+        strata: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream, tmp_path: Any, redis_url: str) -> None:
+    import subprocess
+    import sys
+
+    from app.settings import PROJECT_ROOT
+
+    faq = tmp_path / "curated.yaml"
+    faq.write_text("- category: learn_curated\n  tenant: default\n  question: 退货运费谁出\n  variants: []\n"
+                   "  answer: 质量问题由商家承担运费，无理由退货由买家承担。\n", encoding="utf-8")
+    loaded = subprocess.run([sys.executable, "-m", "app.cli", "faq", "load", str(faq), "--name", "shipping"],
+                            cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120,
+                            env={**__import__("os").environ, "STRATA_REDIS_URL": redis_url,
+                                 "STRATA_POLICY_FILE": "tests/fixtures/policy.yaml"})
+    assert loaded.returncode == 0, loaded.stderr
+    curated = [k for k in scan(redis_sync, "strata:v1:sem:faq-*") if redis_sync.hget(k, "category") == b"learn_curated"]
+    assert curated
+    # A question near it that the cold category does not serve: the model answers, differently.
+    fake_upstream.answers["退货运费要谁承担"] = "We do not know your shop's shipping policy."
+    asked = ask(strata, "退货运费要谁承担", headers={"X-Cache-Category": "learn_curated"})
+    assert asked.headers["x-cache"] == "miss"
+    strata_pool = keyspace(redis_sync, "default", "learn_curated").observations_key("v1", "learn_curated", "default")
+    # The comparison runs after the response: wait until it has been counted, as a curated one.
+    def counted() -> bool:
+        return any(line.startswith("strata_semantic_observations_total{") and 'category="learn_curated"' in line
+                   and 'result="curated"' in line for line in httpx.get(strata + "/metrics", timeout=30).text.splitlines())
+
+    assert eventually(counted)
+    assert not any(redis_sync.hget(k, "wrong_above") for k in curated)
+    assert not any(k.startswith(b"wrong:") for k in redis_sync.hgetall(strata_pool))
