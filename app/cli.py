@@ -220,8 +220,18 @@ def cmd_qqp_hard(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_replay_build(args: argparse.Namespace, settings: Settings) -> int:
-    from app.replay.streams import clinc_stream, pairs_stream, write_stream
+    from app.replay.streams import StreamFileError, clinc_stream, faqset_stream, pairs_stream, write_stream
 
+    if args.source == "faqset":
+        if not args.file:
+            return fail("--source faqset needs --file (a FAQ set such as bench/data/zh_shop_bank_faq.yaml)")
+        try:
+            stream = faqset_stream(Path(args.file), args.requests, args.seed, args.held)
+        except StreamFileError as exc:
+            return fail(str(exc))
+        write_stream(stream, Path(args.out))
+        print(f"wrote {len(stream)} requests ({len({r.label for r in stream})} labels) to {args.out}")
+        return 0
     source = Path(args.data_dir) / ("clinc150.csv" if args.source == "clinc" else "afqmc_train.csv")
     if not source.exists():
         return fail(f"not found: {source}")
@@ -237,12 +247,20 @@ def cmd_replay_build(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_replay_faq(args: argparse.Namespace, settings: Settings) -> int:
     import yaml
 
-    from app.replay.streams import clinc_faq
+    from app.replay.streams import StreamFileError, clinc_faq, faqset_faq
 
-    source = Path(args.data_dir) / "clinc150.csv"
-    if not source.exists():
-        return fail(f"not found: {source}")
-    items = clinc_faq(source, args.per_intent, args.seed, args.category)
+    if args.source == "faqset":
+        if not args.file:
+            return fail("--source faqset needs --file")
+        try:
+            items = faqset_faq(Path(args.file), args.per_intent, args.category)
+        except StreamFileError as exc:
+            return fail(str(exc))
+    else:
+        source = Path(args.data_dir) / "clinc150.csv"
+        if not source.exists():
+            return fail(f"not found: {source}")
+        items = clinc_faq(source, args.per_intent, args.seed, args.category)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(yaml.safe_dump(items, allow_unicode=True, sort_keys=False), encoding="utf-8")
@@ -268,6 +286,8 @@ def cmd_replay_run(args: argparse.Namespace, settings: Settings) -> int:
         categories = Policy.load(settings.resolve(settings.policy_file)).categories
     except ValueError as exc:
         return fail(str(exc))
+    if not 0.0 <= args.feedback <= 1.0:
+        return fail("--feedback is a share, from 0 to 1")
     if args.category not in categories:
         return fail(f"unknown category {args.category!r}; known: {', '.join(sorted(categories))}")
     started = time.perf_counter()
@@ -284,12 +304,12 @@ def cmd_replay_run(args: argparse.Namespace, settings: Settings) -> int:
     if args.simulate:
         from app.replay.simulate import run_simulated
 
-        report = run_simulated(stream, settings=settings, category=args.category, faq=faq)
+        report = run_simulated(stream, settings=settings, category=args.category, faq=faq, feedback=args.feedback)
         where = "simulated (own Redis Stack, labelled upstream, in-process Strata)"
     else:
         async def go() -> Report:
             async with httpx.AsyncClient(base_url=args.url, timeout=300) as client:
-                return await replay(stream, client, model=args.model, category=args.category)
+                return await replay(stream, client, model=args.model, category=args.category, feedback=args.feedback)
 
         try:
             report = asyncio.run(go())
@@ -422,7 +442,10 @@ def parser() -> argparse.ArgumentParser:
     replay_cmd = commands.add_parser("replay", help="replay a labelled traffic stream against Strata")
     replay_steps = replay_cmd.add_subparsers(dest="step", required=True)
     build = replay_steps.add_parser("build", help="write a seeded stream from ../shared/data")
-    build.add_argument("--source", choices=("clinc", "afqmc"), default="clinc")
+    build.add_argument("--source", choices=("clinc", "afqmc", "faqset"), default="clinc")
+    build.add_argument("--file", help="with --source faqset: the FAQ set (bench/data/zh_shop_bank_faq.yaml)")
+    build.add_argument("--held", type=int, default=0,
+                       help="with --source faqset: wordings per label left to the curated file (strata replay faq)")
     build.add_argument("--out", required=True, help="JSONL file to write")
     build.add_argument("--requests", type=int, default=3000)
     build.add_argument("--seed", type=int, default=0)
@@ -445,10 +468,14 @@ def parser() -> argparse.ArgumentParser:
     run_step.add_argument("--plot", help="PNG of the learning curve (needs the calibrate extra)")
     run_step.add_argument("--json", help="write the report as JSON")
     run_step.add_argument("--faq", help="with --simulate: a curated-answer file to load first (strata replay faq)")
+    run_step.add_argument("--feedback", type=float, default=0.0, metavar="RATE",
+                          help="share of wrong semantic hits the asker reports with POST /v1/feedback (0 to 1)")
     run_step.set_defaults(run=cmd_replay_run)
     faq_step = replay_steps.add_parser("faq", help="write a curated-answer file of CLINC150 train utterances for replays")
     faq_step.add_argument("--out", required=True, help="YAML file to write")
     faq_step.add_argument("--per-intent", type=int, default=10, help="utterances per intent: a question and its variants")
+    faq_step.add_argument("--source", choices=("clinc", "faqset"), default="clinc")
+    faq_step.add_argument("--file", help="with --source faqset: the FAQ set")
     faq_step.add_argument("--category", default="faq")
     faq_step.add_argument("--seed", type=int, default=0)
     faq_step.add_argument("--data-dir", default=str(DEFAULT_DATA))

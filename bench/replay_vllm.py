@@ -73,6 +73,7 @@ class Result:
     prompt_tokens: int
     completion_tokens: int
     error: str | None = None
+    source: str = "model"  # X-Cache-Source of a hit: faq for a curated answer
 
 
 @dataclass
@@ -92,6 +93,7 @@ async def one(client: httpx.AsyncClient, url: str, body: dict, headers: dict[str
     try:
         async with client.stream("POST", url, json=body, headers=headers) as response:
             layer = response.headers.get("x-cache", "direct")
+            source = response.headers.get("x-cache-source", "model")
             if response.status_code != 200:
                 await response.aread()
                 return Result(layer, time.perf_counter() - started, None, 0, 0, f"HTTP {response.status_code}")
@@ -105,7 +107,8 @@ async def one(client: httpx.AsyncClient, url: str, body: dict, headers: dict[str
                     ttft = time.perf_counter() - started
     except httpx.HTTPError as exc:
         return Result("error", time.perf_counter() - started, None, 0, 0, repr(exc))
-    return Result(layer, time.perf_counter() - started, ttft, usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0))
+    return Result(layer, time.perf_counter() - started, ttft, usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0),
+                  source=source)
 
 
 async def run_arm(name: str, url: str, vllm: str, model: str, questions: list[str], rate: float, *,
@@ -147,6 +150,16 @@ def empty_cache() -> None:
     print(done.stdout.strip(), flush=True)
 
 
+def load_curated(path: str) -> None:
+    """Load a curated-answer file the way an operator would (`strata faq load`, on STRATA_REDIS_URL),
+    under the version the strata arm runs in."""
+    done = subprocess.run([sys.executable, "-m", "app.cli", "faq", "load", path, "--name", "bench-replay"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise SystemExit(f"bench-replay: could not load {path}: {done.stderr or done.stdout}")
+    print(done.stdout.strip(), flush=True)
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
@@ -164,6 +177,7 @@ def summary(arm: Arm) -> dict:
         "upstream": len(upstream),
         "prompt_tokens": sum(r.prompt_tokens for r in upstream), "completion_tokens": sum(r.completion_tokens for r in upstream),
         "layers": {layer: sum(1 for r in ok if r.layer == layer) for layer in sorted({r.layer for r in ok})},
+        "curated": sum(1 for r in ok if r.layer.endswith("-hit") and r.source == "faq"),
         "prefix_ratio": arm.prefix_hits / arm.prefix_queries if arm.prefix_queries else None,
         "seconds": arm.seconds,
     }
@@ -199,6 +213,8 @@ def main() -> int:
     parser.add_argument("--keep-cache", action="store_true",
                         help="do not bump the cache version before the strata arm (earlier runs' observations then count)")
     parser.add_argument("--second-day", action="store_true", help="also replay the next draw through the warm cache")
+    parser.add_argument("--faq", help="a curated-answer file (strata faq load) loaded before the strata arm: "
+                                      "the bot's FAQ, as a team would have it")
     parser.add_argument("--out", default=str(ROOT / "docs" / "REPLAY.md"))
     args = parser.parse_args()
     source = SHARED / "clinc150.csv"
@@ -219,6 +235,8 @@ def main() -> int:
     ):
         if name == "strata" and not args.keep_cache:
             empty_cache()
+        if name == "strata" and args.faq:
+            load_curated(args.faq)
         arm = asyncio.run(run_arm(name, vllm=args.vllm, model=model, questions=questions[:count], rate=args.rate, **kwargs))
         arms[name] = arm
         print(f"{name}: {json.dumps(summary(arm))}", flush=True)
@@ -278,6 +296,8 @@ def write(arms: dict[str, Arm], args: argparse.Namespace, model: str) -> None:
         f"{s['completion_tokens'] / max(1, d['completion_tokens']):.0%}, "
         f"prompt tokens {s['prompt_tokens'] / max(1, d['prompt_tokens']):.0%} "
         "(target: at most 45% for calls and completion tokens)",
+        *([f"- answered from curated answers (`--faq {args.faq}`, loaded before the strata arm): {s['curated']} of "
+           f"{s['requests']} ({s['curated'] / max(1, s['requests']):.0%})"] if args.faq else []),
         *([f"- day 2 (seed {args.seed + 1}, cache from the strata arm kept) against direct (day 1's questions, "
            f"same schedule): mean {rows[DAY2]['mean'] / d['mean']:.2f}x, p99 {rows[DAY2]['p99'] / d['p99']:.2f}x, "
            f"upstream calls {rows[DAY2]['upstream'] / d['upstream']:.0%}, completion tokens "

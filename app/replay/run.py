@@ -3,6 +3,7 @@ generated for another label), upstream calls, and the learning curve per window.
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ class Report:
 
     outcomes: list[Replayed] = field(default_factory=list)
     errors: int = 0
+    feedback: int = 0  # wrong hits reported by the asker (POST /v1/feedback)
 
     def count(self, layer: str, part: Sequence[Replayed] | None = None) -> int:
         return sum(1 for o in (self.outcomes if part is None else part) if o.layer == layer)
@@ -67,7 +69,7 @@ class Report:
 
     def summary(self, window: int) -> str:
         total = len(self.outcomes)
-        lines = [f"requests: {total}, errors: {self.errors}"]
+        lines = [f"requests: {total}, errors: {self.errors}, wrong hits reported by feedback: {self.feedback}"]
         for layer in LAYERS:
             n = self.count(layer)
             lines.append(f"  {layer:<13} {n:>6}  {n / max(1, total):7.2%}")
@@ -86,7 +88,7 @@ class Report:
     def to_json(self, window: int) -> bytes:
         total = max(1, len(self.outcomes))
         return msgspec.json.format(msgspec.json.encode({
-            "requests": len(self.outcomes), "errors": self.errors,
+            "requests": len(self.outcomes), "errors": self.errors, "feedback": self.feedback,
             "layers": {layer: self.count(layer) / total for layer in LAYERS},
             "semantic_wrong": self.wrong("semantic-hit"), "exact_wrong": self.wrong("exact-hit"),
             "windows": self.windows(window),
@@ -106,7 +108,7 @@ def _content(body: Any) -> str | None:
 
 async def replay(stream: Sequence[Request], client: Poster, *, model: str, category: str,
                  after_each: Callable[[], Awaitable[None]] | None = None,
-                 known_answers: dict[str, str] | None = None) -> Report:
+                 known_answers: dict[str, str] | None = None, feedback: float = 0.0, seed: int = 0) -> Report:
     """Send the stream one request at a time and tally the outcomes.
 
     Args:
@@ -117,8 +119,12 @@ async def replay(stream: Sequence[Request], client: Poster, *, model: str, categ
         after_each: Awaited after every request (a simulation lets observations settle, so
             that a replay gives the same counts every time).
         known_answers: Answers known before the first request (curated ones), and their labels.
+        feedback: The share of wrong semantic hits the asker reports (``POST /v1/feedback``
+            with ``verdict: wrong``), as users of a bot with a thumbs-down button would.
+        seed: Seed of the draws of which wrong hits are reported.
     """
     report = Report()
+    reporter = random.Random(seed)
     produced: dict[str, str] = dict(known_answers or {})  # answer text -> the label it answers
     headers = {"X-Cache-Category": category}
     for request in stream:
@@ -130,13 +136,17 @@ async def replay(stream: Sequence[Request], client: Poster, *, model: str, categ
             report.errors += 1
             continue
         layer = response.headers.get("x-cache", "miss")
-        content = _content(response.json())
+        answered = response.json()
+        content = _content(answered)
         if layer in ("miss", "bypass") and content is not None:
             produced.setdefault(content, request.label)
         served = produced.get(content) if layer.endswith("-hit") and content is not None else None
         similarity = response.headers.get("x-cache-similarity")
         report.outcomes.append(Replayed(layer=layer, label=request.label, served_label=served, seconds=seconds,
                                        text=request.text, similarity=float(similarity) if similarity else None))
+        if report.outcomes[-1].wrong and layer == "semantic-hit" and feedback and reporter.random() < feedback:
+            sent = await client.post("/v1/feedback", json={"id": answered.get("id"), "verdict": "wrong"}, headers={})
+            report.feedback += sent.status_code == 200
         if after_each is not None:
             await after_each()
     return report

@@ -126,7 +126,7 @@ class LabelledUpstream:
 
 
 def run_simulated(stream: list[Any], *, settings: Settings, category: str, encoder: Any = None,
-                  faq: list[Any] | None = None) -> Any:
+                  faq: list[Any] | None = None, feedback: float = 0.0) -> Any:
     """Replay a stream through an in-process Strata over an own, empty Redis Stack and the
     labelled upstream; observations settle after every request, so the counts are the same
     on every run of the same stream.
@@ -182,6 +182,6 @@ def run_simulated(stream: list[Any], *, settings: Settings, category: str, encod
                     for item in faq:
                         known.setdefault(item.answer, f"faq:{item.question}")
                 return await replay(stream, client, model="simulated", category=category,
-                                    after_each=resources.pipeline.settle, known_answers=known)
+                                    after_each=resources.pipeline.settle, known_answers=known, feedback=feedback)
 
         return asyncio.run(go())

@@ -15,6 +15,9 @@ import random
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from app.cache.keys import normalize_text
 from app.calibrate.pairs import Clusters, read_utf8
@@ -125,6 +128,46 @@ def clinc_stream(path: Path, requests: int = 3000, seed: int = 0, oos_share: flo
                 text = pool.pop()
                 stream[i] = Request(text=text, label=f"oos:{text}")
     return stream
+
+
+def read_faqset(path: Path) -> list[dict[str, Any]]:
+    """A FAQ set (bench/data/zh_shop_bank_faq.yaml): per label its standard question, answer and
+    the variants customers ask.
+
+    Raises:
+        StreamFileError: Unreadable, or an item without label, question or variants.
+    """
+    try:
+        items = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise StreamFileError(f"{path}: {exc}") from exc
+    if not isinstance(items, list) or not all(isinstance(i, dict) and i.get("label") and i.get("question")
+                                              and isinstance(i.get("variants"), list) for i in items):
+        raise StreamFileError(f"{path}: a list of {{label, question, answer, variants}} items")
+    return items
+
+
+def faqset_stream(path: Path, requests: int = 1500, seed: int = 0, held: int = 0) -> list[Request]:
+    """A stream from a FAQ set: labels by Zipf, each draw the label's next unused wording (the
+    standard question or a variant), then a random one again. ``held`` > 0 leaves out the
+    standard question and the first ``held - 1`` variants, which a curated-answer file holds
+    (:func:`faqset_faq`), so the stream asks only what an operator did not write down."""
+    groups = {}
+    for item in read_faqset(path):
+        wordings = [normalize_text(t) for t in (item["question"], *item["variants"])]
+        groups[str(item["label"])] = wordings[held:] or wordings
+    return zipf_stream(groups, requests, seed)
+
+
+def faqset_faq(path: Path, per_label: int, category: str = "faq") -> list[dict[str, object]]:
+    """A curated-answer file of a FAQ set for replays: per label its standard question and its
+    first ``per_label - 1`` variants, answered with :func:`curated_answer`."""
+    items: list[dict[str, object]] = []
+    for item in read_faqset(path):
+        wordings = [normalize_text(t) for t in (item["question"], *item["variants"])][:max(1, per_label)]
+        items.append({"category": category, "question": wordings[0], "variants": wordings[1:],
+                      "answer": curated_answer(str(item["label"]))})
+    return items
 
 
 def clinc_faq(path: Path, per_intent: int, seed: int = 0, category: str = "faq") -> list[dict[str, object]]:
