@@ -144,11 +144,11 @@ async def replay(stream: Sequence[Request], client: Poster, *, model: str, categ
         similarity = response.headers.get("x-cache-similarity")
         report.outcomes.append(Replayed(layer=layer, label=request.label, served_label=served, seconds=seconds,
                                        text=request.text, similarity=float(similarity) if similarity else None))
+        if after_each is not None:
+            await after_each()  # also the hit's record, which the feedback names
         if report.outcomes[-1].wrong and layer == "semantic-hit" and feedback and reporter.random() < feedback:
             sent = await client.post("/v1/feedback", json={"id": answered.get("id"), "verdict": "wrong"}, headers={})
             report.feedback += sent.status_code == 200
-        if after_each is not None:
-            await after_each()
     return report
 
 
