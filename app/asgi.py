@@ -15,6 +15,7 @@ from app.api.feedback import FeedbackController
 from app.api.health import HealthController
 from app.api.openai_surface import OpenAISurfaceController
 from app.api.openapi import OpenAPIController
+from app.api.protocols import MessagesController, ResponsesController
 from app.embed import Encoder
 from app.errors import EXCEPTION_HANDLERS
 from app.lifespan import Resources, build_resources, lifespan
@@ -39,7 +40,8 @@ def create_app(settings: Settings | None = None, encoder: Encoder | None = None)
     settings = settings or Settings.from_env()
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return Litestar(
-        route_handlers=[ChatController, FeedbackController, OpenAISurfaceController, AdminController, HealthController, OpenAPIController],
+        route_handlers=[ChatController, ResponsesController, MessagesController, FeedbackController, OpenAISurfaceController,
+                        AdminController, HealthController, OpenAPIController],
         # Strata serves its own document at /openapi.json (app/api/openapi.py).
         openapi_config=None,
         dependencies={"resources": Provide(_resources, sync_to_thread=False)},

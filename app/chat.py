@@ -33,6 +33,8 @@ class ChatCall(msgspec.Struct, frozen=True, kw_only=True):
         user: The user its answer belongs to, in a per-user category (``None`` elsewhere).
         category: The content category's policy.
         mode: What the cache may do (``Cache-Control``: ``no-cache`` refreshes, ``no-store`` skips).
+        cache_salt: The model server's prefix-cache salt for this request (``app/hygiene.py``);
+            ``None`` sends the client's own, if any.
     """
 
     request: ChatCompletionRequest
@@ -41,6 +43,7 @@ class ChatCall(msgspec.Struct, frozen=True, kw_only=True):
     category: CategoryPolicy
     mode: CacheMode = CacheMode.USE
     user: str | None = None
+    cache_salt: str | None = None
 
 
 class ChatResult(msgspec.Struct, kw_only=True):

@@ -119,13 +119,34 @@ def error_body(message: str, error_type: str, param: str | None, code: str | int
     )
 
 
+# Anthropic's error types by HTTP status (its errors page); anything else is ``api_error``.
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 408: "timeout_error", 409: "invalid_request_error", 413: "request_too_large",
+                    429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
+# The path whose clients (the anthropic SDK) read Anthropic's error shape.
+ANTHROPIC_PATH = "/v1/messages"
+
+
+def anthropic_error_body(status: int, message: str) -> bytes:
+    """``{"type": "error", "error": {"type", "message"}}``, as Anthropic's API answers errors."""
+    kind = _ANTHROPIC_TYPES.get(status, "invalid_request_error" if 400 <= status < 500 else "api_error")
+    return json_encoder.encode({"type": "error", "error": {"type": kind, "message": message}})
+
+
 def _response(status_code: int, body: bytes, headers: dict[str, str] | None = None) -> Response[bytes]:
     return Response(content=body, status_code=status_code, media_type="application/json", headers=headers)
 
 
-def strata_error_handler(_: Request[Any, Any, Any], exc: StrataError) -> Response[bytes]:
-    body = error_body(exc.message, exc.error_type, exc.param, exc.code)
-    return _response(exc.status_code, body, exc.headers)
+def _shaped(request: Request[Any, Any, Any], status: int, message: str, error_type: str, param: str | None,
+            code: str | int | None, headers: dict[str, str] | None = None) -> Response[bytes]:
+    """An error in the shape the endpoint's clients read: Anthropic's on ``/v1/messages``, OpenAI's elsewhere."""
+    if request.url.path.rstrip("/") == ANTHROPIC_PATH:
+        return _response(status, anthropic_error_body(status, message), headers)
+    return _response(status, error_body(message, error_type, param, code), headers)
+
+
+def strata_error_handler(request: Request[Any, Any, Any], exc: StrataError) -> Response[bytes]:
+    return _shaped(request, exc.status_code, exc.message, exc.error_type, exc.param, exc.code, exc.headers)
 
 
 _HTTP_TYPES = {
@@ -138,21 +159,20 @@ _HTTP_TYPES = {
 }
 
 
-def http_error_handler(_: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+def http_error_handler(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
     """Litestar's own errors (404, 405, 413, ...) in OpenAI's shape."""
     status = exc.status_code
     if status >= 500:
         logger.error("server error: %s", exc.detail)
     error_type = _HTTP_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
     message = exc.detail if isinstance(exc.detail, str) and exc.detail else "request failed"
-    return _response(status, error_body(message, error_type, None, None), exc.headers)
+    return _shaped(request, status, message, error_type, None, None, exc.headers)
 
 
 def unexpected_error_handler(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
     """A bug: log it with the traceback, answer 500 without leaking internals."""
     logger.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    body = error_body("internal error", "server_error", None, None)
-    return _response(HTTP_500_INTERNAL_SERVER_ERROR, body)
+    return _shaped(request, HTTP_500_INTERNAL_SERVER_ERROR, "internal error", "server_error", None, None)
 
 
 EXCEPTION_HANDLERS: ExceptionHandlersMap = {

@@ -20,6 +20,15 @@ import yaml
 logger = logging.getLogger("strata.hygiene")
 
 
+def prefix_salt(tenant: str, user: str | None = None) -> str:
+    """The ``cache_salt`` vLLM keeps a tenant's prefix-cache blocks apart by (and a user's, in a
+    per-user category): equal for one tenant's requests on every worker, so they still share
+    their system prompt's blocks, and different across tenants, so that no tenant can time whether
+    another's prompt is cached. Strata sets it; a client's own ``cache_salt`` is replaced."""
+    scope = tenant if user is None else f"{tenant}\0{user}"
+    return hashlib.sha256(b"strata-prefix-salt\0" + scope.encode()).hexdigest()[:32]
+
+
 class Pattern(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     kind: str
     regex: str

@@ -66,6 +66,10 @@ class Metrics:
         self.category_requests = Counter(
             "strata_category_requests", "Chat requests by cache category and outcome", ["category", "outcome"], registry=r
         )
+        self.endpoint_requests = Counter(
+            "strata_endpoint_requests", "Generation requests by endpoint (chat, completions, responses, messages) and "
+            "cache outcome", ["endpoint", "outcome"], registry=r,
+        )
         self.embedding_requests = Counter(
             "strata_embedding_requests", "Embeddings requests by outcome (exact-hit, miss, bypass, error)", ["outcome"],
             registry=r,

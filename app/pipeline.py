@@ -104,6 +104,8 @@ class ChatPipeline:
             raise
         exchange.body = {k: v for k, v in call.raw.items() if k != "max_completion_tokens"}
         exchange.body["max_tokens"] = max_tokens
+        if call.cache_salt is not None:
+            exchange.body["cache_salt"] = call.cache_salt
         if request.stream:
             # The usage is part of the answer a later non-streamed hit returns: always ask for it.
             exchange.client_usage = bool(request.stream_options and request.stream_options.include_usage)

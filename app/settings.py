@@ -139,6 +139,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # once per distinct prompt) or reject (400 with the span found).
     prompt_hygiene: Literal["off", "warn", "reject"] = "warn"
     prompt_hygiene_file: str = "schemas/prompt_hygiene.yaml"
+    # L3 per tenant: send vLLM a ``cache_salt`` derived from the tenant (and the user, in a per-user
+    # category), so no tenant's requests reuse, or time, another's prefix-cache blocks.
+    cache_salt: bool = True
     # Single flight: one upstream call per identical miss, across workers. The leader renews its
     # lease every quarter of it, so a dead leader's followers go on within lease_s.
     singleflight_lease_s: float = 2.0

@@ -243,6 +243,20 @@ class FakeUpstream:
                       "usage": {"input_tokens": 7, "output_tokens": 5}}
             return Response(msgspec.json.encode(answer), media_type="application/json")
 
+        @post("/v1/responses", status_code=200)
+        async def responses(request: Request) -> Response[bytes]:
+            # The Responses API as vLLM serves it: what Strata passes through (stored conversations).
+            body = msgspec.json.decode(await request.body())
+            upstream.other_calls.append(("POST", "/v1/responses", msgspec.json.encode(body)))
+            text = body["input"] if isinstance(body["input"], str) else "items"
+            answer = {"id": f"resp_fake{len(upstream.other_calls)}", "object": "response", "created_at": 1700000000,
+                      "status": "completed", "model": body["model"], "parallel_tool_calls": True, "tool_choice": "auto",
+                      "tools": [], "output": [{"id": "msg_fake", "type": "message", "status": "completed",
+                                               "role": "assistant", "content": [{"type": "output_text",
+                                                                                 "text": f"stored answer to: {text}",
+                                                                                 "annotations": []}]}]}
+            return Response(msgspec.json.encode(answer), media_type="application/json")
+
         @post("/v1/completions", status_code=200)
         async def completions(request: Request) -> Response[bytes] | Stream:
             body = msgspec.json.decode(await request.body())
@@ -301,7 +315,7 @@ class FakeUpstream:
             return ('vllm:prefix_cache_queries_total{engine="0",model_name="fake-model"} 400.0\n'
                     'vllm:prefix_cache_hits_total{engine="0",model_name="fake-model"} 300.0\n')
 
-        return Litestar([chat, messages, completions, embeddings, model, moderations, models, metrics])
+        return Litestar([chat, messages, responses, completions, embeddings, model, moderations, models, metrics])
 
     def choice(self, body: dict[str, Any], index: int = 0) -> dict[str, Any]:
         """One choice as vLLM answers it: text, a call of the first tool (when ``tool_choice`` names

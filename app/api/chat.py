@@ -13,6 +13,7 @@ from app.auth import Caller
 from app.cache.layered import CacheMode
 from app.chat import ChatCall
 from app.errors import InvalidRequest
+from app.hygiene import prefix_salt
 from app.lifespan import Resources
 from app.policy import CategoryPolicy, UnknownCategory
 from app.wire import ChatCompletionRequest
@@ -57,7 +58,9 @@ def chat_call(request: Request[Any, Any, Any], resources: Resources, caller: Cal
     mode = cache_mode(request.headers.get("cache-control"), may_refresh=may_refresh)
     if category.per_user and user is None and mode in (CacheMode.USE, CacheMode.REFRESH):
         mode = CacheMode.NO_USER
-    return ChatCall(request=chat_request, raw=raw, tenant=caller.tenant, category=category, mode=mode, user=user)
+    salt = prefix_salt(caller.tenant, user if category.per_user else None) if resources.settings.cache_salt else None
+    return ChatCall(request=chat_request, raw=raw, tenant=caller.tenant, category=category, mode=mode, user=user,
+                    cache_salt=salt)
 
 
 def check_system_prompt(resources: Resources, request: ChatCompletionRequest, tenant: str) -> None:
@@ -99,6 +102,7 @@ class ChatController(Controller):
         if resources.hygiene is not None:
             check_system_prompt(resources, chat_request, caller.tenant)
         result = await resources.pipeline.handle(call)
+        resources.metrics.endpoint_requests.labels("chat", result.outcome.value).inc()
         if result.stream is not None:
             headers = {**result.headers, "Cache-Control": "no-cache"}
             return Stream(result.stream, media_type="text/event-stream", headers=headers)

@@ -12,6 +12,7 @@ from app.cache.base import CACHE_ERRORS
 from app.cache.feedback import FeedbackError, FeedbackRequest
 from app.errors import CacheUnavailable, Conflict, InvalidRequest, NotFound
 from app.lifespan import Resources
+from app.protocols.events import chat_completion_id
 
 
 class FeedbackController(Controller):
@@ -32,6 +33,7 @@ class FeedbackController(Controller):
         if not given.id.strip() or len(given.id) > 200:
             raise InvalidRequest("id names the response: its body's id (1 to 200 characters)", param="id",
                                  code="invalid_feedback")
+        given = msgspec.structs.replace(given, id=chat_completion_id(given.id))  # resp_... and msg_... name it too
         feedback = resources.cache.feedback
         if feedback is None:
             raise CacheUnavailable("feedback needs the cache, which is not reachable yet", code="cache_unavailable")

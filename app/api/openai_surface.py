@@ -42,10 +42,12 @@ class OpenAISurfaceController(Controller):
         legacy, raw = parse_view(body, CompletionRequest, limits.max_json_depth)
         check_tool_fields(raw)
         if not legacy.cacheable:
+            resources.metrics.endpoint_requests.labels("completions", "bypass").inc()
             return await passthrough(request, resources, "completions", body)
         chat, chat_raw = completion_as_chat(legacy, raw)
         call = chat_call(request, resources, caller, chat, chat_raw)
         result = await resources.pipeline.handle(call)
+        resources.metrics.endpoint_requests.labels("completions", result.outcome.value).inc()
         assert result.body is not None  # not streamed
         answer = json_encoder.encode(chat_as_legacy(completion_decoder.decode(result.body)))
         return Response(content=answer, media_type="application/json", headers=result.headers)

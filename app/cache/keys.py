@@ -111,7 +111,8 @@ OBS_EXPLORED_WRONG = "explored_wrong"
 
 # Request fields that never change what the model answers: left out of keys and scopes.
 NON_OUTPUT_FIELDS = frozenset(
-    {"stream", "stream_options", "user", "request_id", "metadata", "store", "service_tier", "priority"}
+    {"stream", "stream_options", "user", "request_id", "metadata", "store", "service_tier", "priority", "cache_salt",
+     "safety_identifier", "prompt_cache_key"}
 )
 # Fields that carry the conversation or are normalised separately.
 _STRUCTURAL_FIELDS = frozenset({"model", "messages", "max_tokens", "max_completion_tokens"})
