@@ -105,10 +105,45 @@ def test_client_libraries_get_from_a_hit_what_they_got_from_the_model(
     assert exact_hits(client_strata) - before >= hits
 
 
-def test_the_anthropic_sdk_passes_through(clients_python: Path, client_strata: str, vllm_fake: FakeUpstream,
-                                          redis_sync: redis.Redis) -> None:
+@pytest.mark.parametrize("interpreter", ["this_python", "clients_python"])
+def test_the_openai_sdks_responses_api_gets_from_a_hit_what_it_got_from_the_model(
+    interpreter: str, request: pytest.FixtureRequest, client_strata: str, vllm_fake: FakeUpstream,
+    redis_sync: redis.Redis,
+) -> None:
+    python = request.getfixturevalue(interpreter)
+    vllm_fake.reset()
+    cases = run(python, "openai_responses.py", client_strata, vllm_fake.url)
+    problems = mismatches(cases)
+    assert not problems, "\n".join(problems)
+    streamed = cases["responses_stream_helper"]["hit"]
+    assert streamed["events"][0] == "response.created" and streamed["events"][-1] == "response.completed"
+    assert streamed["output_text"] and streamed["usage"]["input_tokens"] > 0
+    assert cases["responses_parse"]["hit"]["parsed"]["city"]
+    call = cases["responses_named_tool"]["hit"]["output"][0]
+    assert call["type"] == "function_call" and call["name"] == "track" and "parcel" in call["arguments"]
+    missing = cases["value_error_missing-model"]["value"]
+    assert missing["class"] == "NotFoundError" and missing["status"] == 404
+    assert cases["value_error_limited-model"]["value"]["class"] == "RateLimitError"
+    asked = [c for c in vllm_fake.calls if c["messages"][-1].get("role") == "tool"]
+    assert asked and asked[0]["messages"][1]["tool_calls"][0]["id"] == "call_7"
+
+
+def test_the_anthropic_sdk_gets_from_a_hit_what_it_got_from_the_model(
+    clients_python: Path, client_strata: str, vllm_fake: FakeUpstream, redis_sync: redis.Redis,
+) -> None:
     vllm_fake.reset()
     cases = run(clients_python, "anthropic_client.py", client_strata, vllm_fake.url)
-    case = cases["messages"]
-    assert "error" not in case, case
-    assert case["hit"] == case["miss"] == case["direct"] and case["headers"] == ["bypass", "bypass"]
+    problems = mismatches(cases)
+    assert not problems, "\n".join(problems)
+    streamed = cases["messages_stream_helper"]["hit"]
+    assert streamed["events"] == ["message_start", "content_block_start", "content_block_delta", "text",
+                                  "content_block_stop", "message_delta", "message_stop"]
+    assert streamed["stop_reason"] == "end_turn" and streamed["usage"]["output_tokens"] > 0
+    tool = cases["messages_named_tool"]["hit"]["content"][0]
+    assert tool["type"] == "tool_use" and tool["name"] == "track" and "parcel" in tool["input"]
+    assert cases["messages_named_tool"]["hit"]["stop_reason"] == "tool_use"
+    missing = cases["value_error_missing-model"]["value"]
+    assert missing["class"] == "NotFoundError" and missing["body"]["type"] == "error"
+    assert missing["body"]["error"]["type"] == "not_found_error"
+    assert cases["value_error_limited-model"]["value"]["class"] == "RateLimitError"
+    assert not vllm_fake.other_calls  # nothing passed through: served by the chat layers
