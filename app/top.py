@@ -4,7 +4,8 @@
 
 Every interval it reads ``/metrics`` (which sums all workers) and shows what changed since the
 previous read: requests per second, hit ratio per layer and per category, p50/p99 of hits and
-misses over the last ten seconds, upstream calls saved, the model server's prefix-cache hit
+misses over the last ten seconds, the same per category and per endpoint (chat, completions,
+responses, messages), upstream calls saved, the model server's prefix-cache hit
 ratio, and errors. ``q`` quits. ``--once`` prints one frame (two reads an interval apart) and
 exits, for scripts.
 """
@@ -119,16 +120,17 @@ def frame(url: str, previous: Sample, current: Sample, window: Sample) -> list[s
         p50, p99 = quantile(window, current, outcomes, 0.5), quantile(window, current, outcomes, 0.99)
         lines.append(f"  {name:<8}           {_ms(p50):<14} {_ms(p99)}")
     lines.append("")
-    lines.append(f"{'category':<20} {'req/s':>8} {'exact':>7} {'semantic':>9} {'miss':>7}   total hit ratio")
-    for category in sorted(current.label_values("strata_category_requests", "category")):
-        now = delta("strata_category_requests", category=category)
-        ever = current.total("strata_category_requests", category=category)
-        exact, semantic, miss = (delta("strata_category_requests", category=category, outcome=o)
-                                 for o in ("exact-hit", "semantic-hit", "miss"))
-        ever_hits = sum(current.total("strata_category_requests", category=category, outcome=o) for o in HIT_OUTCOMES)
-        lines.append(f"{category:<20} {now / elapsed:8.1f} {_pct(exact, now):>7} {_pct(semantic, now):>9} "
-                     f"{_pct(miss, now):>7}   {_pct(ever_hits, ever)}")
-    lines.append("")
+    for counter, label in (("strata_category_requests", "category"), ("strata_endpoint_requests", "endpoint")):
+        lines.append(f"{label:<20} {'req/s':>8} {'exact':>7} {'semantic':>9} {'miss':>7}   total hit ratio")
+        for value in sorted(current.label_values(counter, label)):
+            now = delta(counter, **{label: value})
+            ever = current.total(counter, **{label: value})
+            exact, semantic, miss = (delta(counter, **{label: value, "outcome": o})
+                                     for o in ("exact-hit", "semantic-hit", "miss"))
+            ever_hits = sum(current.total(counter, **{label: value, "outcome": o}) for o in HIT_OUTCOMES)
+            lines.append(f"{value:<20} {now / elapsed:8.1f} {_pct(exact, now):>7} {_pct(semantic, now):>9} "
+                         f"{_pct(miss, now):>7}   {_pct(ever_hits, ever)}")
+        lines.append("")
     cache_errors, upstream_errors = delta("strata_cache_errors"), delta("strata_upstream_requests", result="error")
     lines.append(f"errors/s: cache {cache_errors / elapsed:.1f} (treated as misses)   upstream {upstream_errors / elapsed:.1f}"
                  f"   requests answered with an error {delta('strata_requests', outcome='error') / elapsed:.1f}")

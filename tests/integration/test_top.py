@@ -10,9 +10,10 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
-from tests.support import FakeUpstream, ask, run_cli, serve_strata, strata_settings
+from tests.support import MODEL, FakeUpstream, ask, run_cli, serve_strata, strata_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,7 +57,12 @@ def test_top_shows_traffic_live_and_quits_with_q(strata: str, fake_upstream: Fak
 
 def test_top_once_prints_a_frame_and_an_unreachable_url_is_a_clear_error(strata: str) -> None:
     ask(strata, "top once")
+    for _ in range(2):  # a miss, then a hit, in the Responses API
+        assert httpx.post(strata + "/v1/responses", json={"model": MODEL, "input": "top once?"}, timeout=10).status_code == 200
     frame = run_cli("top", "--url", strata, "--once", "--interval", "0.2")
     assert frame.returncode == 0 and "requests/s" in frame.stdout and "hits" in frame.stdout
+    rows = {line.split()[0]: line for line in frame.stdout.splitlines() if line.strip()}
+    assert "chat" in rows and "responses" in rows, frame.stdout  # the endpoint rows
+    assert rows["responses"].rstrip().endswith("50.0%"), rows["responses"]  # one hit of two, since start
     down = run_cli("top", "--url", "http://127.0.0.1:9", "--once")
     assert down.returncode == 2 and "cannot read" in down.stdout
