@@ -10,7 +10,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -467,6 +467,21 @@ def layout(client: Any, name: str) -> str:
 def scan(client: Any, pattern: str) -> list[bytes]:
     """Every key matching a single-node pattern, on every master."""
     return list(client.scan_iter(match=layout(client, pattern)))
+
+
+def eventually(check: Callable[[], Any], timeout: float = 10.0) -> Any:
+    """``check()`` once it is truthy, or its last value after ``timeout`` s: for what Strata writes
+    after the response (write-backs, observations, response records), waited for, not slept on."""
+    deadline = time.monotonic() + timeout
+    while not (value := check()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return value
+
+
+def seed_pool(client: Any, category: str = "learn", tenant: str = "default") -> None:
+    """Plenty of clean observations at every score in a category's pool: its bound passes everywhere."""
+    pool = keyspace(client, tenant, category).observations_key("v1", category, tenant)
+    client.hset(pool, mapping={f"ok:{b:03d}": 1000 for b in range(50, 160)})
 
 
 def keyspace(client: Any, tenant: str = "default", category: str = "business") -> Any:

@@ -16,8 +16,7 @@ import pytest
 import redis
 
 from app.auth import add_key
-from tests.integration.test_learning import eventually
-from tests.support import ADMIN_TOKEN, MODEL, FakeUpstream, ask, free_port, serve_process, serve_strata, strata_settings
+from tests.support import ADMIN_TOKEN, MODEL, FakeUpstream, ask, eventually, free_port, serve_process, serve_strata, strata_settings
 
 MINE = {"X-Cache-Category": "mine"}  # scope: user (tests/fixtures/policy.yaml)
 GENERAL = {"X-Cache-Category": "general"}

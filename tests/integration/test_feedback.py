@@ -4,8 +4,7 @@ upstream."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -13,7 +12,7 @@ import pytest
 import redis
 
 from app.cache.keys import response_key
-from tests.support import FakeUpstream, ask, keyspace, scan, serve_strata, strata_settings
+from tests.support import FakeUpstream, ask, eventually, keyspace, scan, seed_pool, serve_strata, strata_settings
 
 LEARN = {"X-Cache-Category": "learn"}
 REPEAT = {"X-Cache-Category": "learn_repeat"}
@@ -34,20 +33,8 @@ def strata(feedback_strata: str, redis_sync: redis.Redis, fake_upstream: FakeUps
     return feedback_strata
 
 
-def eventually(check: Callable[[], Any], timeout: float = 10.0) -> Any:
-    """Records are written after the response, in the background: wait for them."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.05)
 
 
-def seed_pool(redis_sync: redis.Redis, category: str) -> None:
-    """Plenty of clean observations at every score: the category's bound passes everywhere."""
-    pool = keyspace(redis_sync, "default", category).observations_key("v1", category, "default")
-    redis_sync.hset(pool, mapping={f"ok:{b:03d}": 1000 for b in range(50, 160)})
 
 
 def semantic_hit(strata: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream, headers: dict[str, str],

@@ -5,7 +5,7 @@ observations, the per-entry veto, aliases (scope, cap, expiry, version bump), tw
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -17,7 +17,7 @@ import redis
 from app.replay.simulate import run_simulated
 from app.replay.streams import Request
 from app.settings import Settings
-from tests.support import ADMIN_TOKEN, FakeUpstream, ask, keyspace, scan, serve_strata, strata_settings
+from tests.support import ADMIN_TOKEN, FakeUpstream, ask, eventually, keyspace, scan, seed_pool, serve_strata, strata_settings
 
 LEARN = {"X-Cache-Category": "learn"}
 REFUND = "To get a refund, open the order page and press Refund; see guide 12."
@@ -38,14 +38,6 @@ def strata(learning_strata: str, redis_sync: redis.Redis, fake_upstream: FakeUps
     return learning_strata
 
 
-def eventually(check: Callable[[], Any], timeout: float = 5.0) -> Any:
-    """Observations are written in the background: wait for them."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.05)
 
 
 def pool_key(redis_sync: redis.Redis, category: str = "learn", tenant: str = "default") -> str:
@@ -73,9 +65,6 @@ def forget_question(redis_sync: redis.Redis, question: str) -> None:
                 redis_sync.delete(key)
 
 
-def seed_pool(redis_sync: redis.Redis) -> None:
-    """Plenty of clean observations at every score: the category's bound passes everywhere."""
-    redis_sync.hset(pool_key(redis_sync), mapping={f"ok:{b:03d}": 1000 for b in range(50, 160)})
 
 
 def test_an_answered_miss_is_an_observation_and_an_equivalent_answer_an_alias(

@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from app.cache.entry import EntryWriter
-from tests.support import FakeUpstream, chat, scan, serve_strata, strata_settings
+from tests.support import FakeUpstream, chat, eventually, scan, serve_strata, strata_settings
 
 WRITE_DELAY_S = 1.0
 
@@ -35,11 +35,6 @@ def exact_keys(redis_sync: redis.Redis) -> list[bytes]:
     return scan(redis_sync, "strata:v1:exact:*")
 
 
-def eventually(check: Any, timeout: float = 5.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := check()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return value
 
 
 @pytest.mark.usefixtures("slow_writes")
