@@ -64,13 +64,22 @@ def chat_call(request: Request[Any, Any, Any], resources: Resources, caller: Cal
 
 
 def check_system_prompt(resources: Resources, request: ChatCompletionRequest, tenant: str) -> None:
-    """L3 hygiene: count dynamic content in the shared system prompt; refuse it in reject mode.
+    """L3 hygiene on a chat request's shared prefix, its system prompt (``check_prefix``).
 
     Raises:
         InvalidRequest: ``STRATA_PROMPT_HYGIENE=reject`` and the system prompt has dynamic content.
     """
+    check_prefix(resources, system_prompt(request), tenant)
+
+
+def check_prefix(resources: Resources, prompt: str, tenant: str, *, param: str = "messages") -> None:
+    """L3 hygiene: count dynamic content in the prefix a bot's requests share (its system prompt, or
+    what an Anthropic client marked with ``cache_control``); refuse it in reject mode.
+
+    Raises:
+        InvalidRequest: ``STRATA_PROMPT_HYGIENE=reject`` and the prefix has dynamic content.
+    """
     assert resources.hygiene is not None
-    prompt = system_prompt(request)
     if not prompt:
         return
     findings, _ = resources.hygiene.check(prompt)
@@ -81,7 +90,7 @@ def check_system_prompt(resources: Resources, request: ChatCompletionRequest, te
         raise InvalidRequest(
             f"the system prompt has dynamic content ({first.kind} {first.text!r} at characters {first.start}-{first.end}),"
             " which defeats the model server's prefix cache; move it to the last user message",
-            param="messages", code="dynamic_system_prompt",
+            param=param, code="dynamic_system_prompt",
         )
 
 

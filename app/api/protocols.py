@@ -11,7 +11,7 @@ from typing import Any, Protocol
 from litestar import Controller, Request, Response, post
 from litestar.response import Stream
 
-from app.api.chat import chat_call, check_system_prompt
+from app.api.chat import chat_call, check_prefix, check_system_prompt
 from app.api.protocol import parse_chat_request, parse_view, read_body
 from app.auth import Caller
 from app.chat import ChatResult
@@ -68,8 +68,9 @@ async def _anthropic_error(status: int, chunks: AsyncIterator[bytes]) -> AsyncIt
 
 
 async def _served(request: Request[Any, Any, Any], resources: Resources, caller: Caller, chat_body: dict[str, Any],
-                  renderer: Renderer, endpoint: str) -> Response[bytes] | Stream:
-    """Answer the chat call a request translates to, rendered by ``renderer``."""
+                  renderer: Renderer, endpoint: str, marked: str | None = None) -> Response[bytes] | Stream:
+    """Answer the chat call a request translates to, rendered by ``renderer``; ``marked`` is the
+    prefix the client marked as stable, which L3's hygiene checks instead of the system prompt."""
     limits = resources.settings.limits
     chat_request, chat_raw = parse_chat_request(
         json_encoder.encode(chat_body), max_messages=limits.max_messages, max_content_chars=limits.max_content_chars,
@@ -77,7 +78,10 @@ async def _served(request: Request[Any, Any, Any], resources: Resources, caller:
     )
     call = chat_call(request, resources, caller, chat_request, chat_raw)
     if resources.hygiene is not None:
-        check_system_prompt(resources, chat_request, caller.tenant)
+        if marked is None:
+            check_system_prompt(resources, chat_request, caller.tenant)
+        else:
+            check_prefix(resources, marked, caller.tenant, param="system")
     result = await resources.pipeline.handle(call)
     resources.metrics.endpoint_requests.labels(endpoint, result.outcome.value).inc()
     if result.stream is not None:
@@ -102,7 +106,7 @@ def _headers(result: ChatResult, response_id: str | None) -> dict[str, str]:
 
 async def _translated(request: Request[Any, Any, Any], resources: Resources, caller: Caller, raw: dict[str, Any],
                       reason: str | None, to_chat: Callable[[], dict[str, Any]], uncacheable: type[Exception],
-                      renderer: Renderer, path: str) -> Response[bytes] | Stream:
+                      renderer: Renderer, path: str, marked: str | None = None) -> Response[bytes] | Stream:
     if reason is None:
         try:
             chat_body = to_chat()
@@ -110,7 +114,7 @@ async def _translated(request: Request[Any, Any, Any], resources: Resources, cal
             reason = "uncacheable"
     if reason is not None:
         return await _uncached(request, resources, caller, path, raw, path)
-    return await _served(request, resources, caller, chat_body, renderer, path)
+    return await _served(request, resources, caller, chat_body, renderer, path, marked)
 
 
 class ResponsesController(Controller):
@@ -141,4 +145,4 @@ class MessagesController(Controller):
                                limits.max_json_depth)
         return await _translated(request, resources, caller, raw, anthropic.uncached_reason(view, raw),
                                  lambda: anthropic.as_chat(view, raw), anthropic.Uncacheable,
-                                 anthropic.MessageRenderer(view), "messages")
+                                 anthropic.MessageRenderer(view), "messages", anthropic.marked_prefix(view))

@@ -175,6 +175,22 @@ def as_chat(request: MessagesRequest, raw: dict[str, Any]) -> dict[str, Any]:
     return chat
 
 
+def marked_prefix(request: MessagesRequest) -> str | None:
+    """The text a client marked as its stable prefix: everything up to the last block carrying
+    ``cache_control`` (system blocks, then the messages' blocks), for L3's hygiene to check; ``None``
+    without a marker (the system prompt is then the prefix, as for chat)."""
+    texts: list[str] = []
+    marked: str | None = None
+    system = request.system if isinstance(request.system, list) else [{"type": "text", "text": request.system or ""}]
+    blocks = [*system, *(b for m in request.messages if isinstance(m.content, list) for b in m.content)]
+    for block in blocks:
+        if isinstance(block, dict) and isinstance(block.get("text"), str):
+            texts.append(block["text"])
+        if isinstance(block, dict) and block.get("cache_control") is not None:
+            marked = "".join(texts)
+    return marked
+
+
 def stop_reason(choice: dict[str, Any]) -> tuple[str | None, str | None]:
     """Chat's finish reason as Anthropic's ``(stop_reason, stop_sequence)``: a matched stop string
     (vLLM names it in ``stop_reason``) is a stop sequence; a call of tools is ``tool_use``."""

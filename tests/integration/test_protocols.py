@@ -239,3 +239,23 @@ def test_the_endpoints_are_counted_per_outcome(strata: str, keys: Keys) -> None:
     text = httpx.get(strata + "/metrics").text
     assert 'strata_endpoint_requests_total{endpoint="responses",outcome="exact-hit"}' in text
     assert 'strata_endpoint_requests_total{endpoint="responses",outcome="miss"}' in text
+
+
+def dynamic_counted(strata: str, tenant: str) -> float:
+    text = httpx.get(strata + "/metrics").text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("strata_prompt_dynamic_total{") and f'tenant="{tenant}"' in line)
+
+
+def test_what_anthropic_marks_with_cache_control_is_the_prefix_l3_checks(strata: str, keys: Keys) -> None:
+    before = dynamic_counted(strata, "acme")
+    stamped = "Catalogue exported 2026-12-02T10:31:07Z. Item 1: a blue kettle."
+    # The timestamp in the last, unmarked turn is where dynamic content belongs: not counted.
+    message(strata, keys.acme, {"system": SYSTEM, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": stamped}, {"type": "text", "text": "Is the kettle blue?"}]}]})
+    assert dynamic_counted(strata, "acme") == before
+    # Inside the prefix the client marked for caching, it defeats that cache: counted.
+    message(strata, keys.acme, {"system": SYSTEM, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": stamped, "cache_control": {"type": "ephemeral"}},
+        {"type": "text", "text": "Is the kettle blue?"}]}]})
+    assert dynamic_counted(strata, "acme") == before + 1
