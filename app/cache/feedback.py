@@ -152,12 +152,8 @@ class ServedLog:
     async def remember(self, query: CacheQuery, hit: CacheHit, response_id: str) -> None:
         """Record what served a response; mark a semantically served question."""
         served = Served.of(query, hit)
-        if self._ttl_s > 0:
-            key = response_key(response_id)
-            async with self._shared.pipeline(transaction=False) as pipe:
-                pipe.hset(key, mapping=served.to_hash())  # type: ignore[arg-type]
-                pipe.expire(key, self._ttl_s)
-                await pipe.execute()
+        # The served question first, the response record last: whoever sees the record (feedback,
+        # a test waiting for it) sees everything the hit left.
         if hit.layer == SEMANTIC:
             key = self._keys.served_key(query.version, query.entry_digest)
             async with self._redis.pipeline(transaction=False) as pipe:
@@ -165,6 +161,12 @@ class ServedLog:
                                         FIELD_SIMILARITY: round(served.similarity, 4)})
                 pipe.hincrby(key, FIELD_SERVED, 1)
                 pipe.expire(key, query.category.ttl_seconds)
+                await pipe.execute()
+        if self._ttl_s > 0:
+            key = response_key(response_id)
+            async with self._shared.pipeline(transaction=False) as pipe:
+                pipe.hset(key, mapping=served.to_hash())  # type: ignore[arg-type]
+                pipe.expire(key, self._ttl_s)
                 await pipe.execute()
 
     async def claim(self, response_id: str, tenant: str, user: str | None, verdict: str) -> Served:
