@@ -259,3 +259,25 @@ def test_what_anthropic_marks_with_cache_control_is_the_prefix_l3_checks(strata:
         {"type": "text", "text": stamped, "cache_control": {"type": "ephemeral"}},
         {"type": "text", "text": "Is the kettle blue?"}]}]})
     assert dynamic_counted(strata, "acme") == before + 1
+
+
+def test_images_are_part_of_the_key_in_both_protocols(strata: str, keys: Keys, fake_upstream: FakeUpstream) -> None:
+    one_pixel = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nG{}AAAAABJRU5ErkJggg=="
+    red = "data:image/png;base64," + one_pixel.format("P4z8DwHwAFAAH/iZk9HQ")
+    blue = "data:image/png;base64," + one_pixel.format("NgYPj/HwADAgH/eL9GtQ")
+
+    def anthropic_with(image: str) -> str:
+        data = image.split(",", 1)[1]
+        return message(strata, keys.acme, {"messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}},
+            {"type": "text", "text": "What colour is this?"}]}]}).headers["x-cache"]
+
+    def responses_with(image: str) -> str:
+        return respond(strata, keys.acme, {"input": [{"role": "user", "content": [
+            {"type": "input_image", "image_url": image}, {"type": "input_text", "text": "What colour is this?"}]}]}
+                       ).headers["x-cache"]
+
+    assert [anthropic_with(red), anthropic_with(blue), anthropic_with(red)] == ["miss", "miss", "exact-hit"]
+    assert [responses_with(red), responses_with(blue), responses_with(blue)] == ["miss", "miss", "exact-hit"]
+    sent = fake_upstream.calls[0]["messages"][0]["content"]
+    assert sent[0] == {"type": "image_url", "image_url": {"url": red}} and sent[1]["text"] == "What colour is this?"
