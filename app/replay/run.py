@@ -15,6 +15,7 @@ import msgspec
 from app.replay.streams import Request
 
 LAYERS = ("exact-hit", "semantic-hit", "miss", "bypass")
+WRONG_KINDS = ("first_meeting", "twin", "repeat")
 
 
 class Poster(Protocol):
@@ -33,6 +34,10 @@ class Replayed:
     seconds: float
     text: str = ""
     similarity: float | None = None
+    # For a wrong hit, which kind (WRONG_KINDS): nothing cached could have answered the asker
+    # (``first_meeting``), an answer of the asker's label was cached but another one served
+    # (``twin``: the hard case), or this very question was served wrongly before (``repeat``).
+    wrong_kind: str | None = None
 
     @property
     def wrong(self) -> bool:
@@ -52,6 +57,11 @@ class Report:
 
     def wrong(self, layer: str, part: Sequence[Replayed] | None = None) -> int:
         return sum(1 for o in (self.outcomes if part is None else part) if o.layer == layer and o.wrong)
+
+    def wrong_kinds(self) -> dict[str, int]:
+        """Wrong semantic hits by kind (``WRONG_KINDS``)."""
+        kinds = [o.wrong_kind for o in self.outcomes if o.layer == "semantic-hit" and o.wrong]
+        return {kind: kinds.count(kind) for kind in WRONG_KINDS}
 
     def windows(self, size: int) -> list[dict[str, Any]]:
         rows = []
@@ -76,6 +86,8 @@ class Report:
         semantic, exact = self.count("semantic-hit"), self.count("exact-hit")
         lines.append(f"wrong hits: semantic {self.wrong('semantic-hit')} of {semantic} "
                      f"({self.wrong('semantic-hit') / max(1, semantic):.2%}), exact {self.wrong('exact-hit')} of {exact}")
+        kinds = self.wrong_kinds()
+        lines.append("wrong semantic hits by kind: " + ", ".join(f"{kind} {kinds[kind]}" for kind in WRONG_KINDS))
         lines.append(f"upstream calls: {self.count('miss') + self.count('bypass')}")
         lines.append(f"learning curve (per {window} requests): window, exact, semantic, wrong share of semantic, upstream")
         for row in self.windows(window):
@@ -91,9 +103,10 @@ class Report:
             "requests": len(self.outcomes), "errors": self.errors, "feedback": self.feedback,
             "layers": {layer: self.count(layer) / total for layer in LAYERS},
             "semantic_wrong": self.wrong("semantic-hit"), "exact_wrong": self.wrong("exact-hit"),
+            "semantic_wrong_by_kind": self.wrong_kinds(),
             "windows": self.windows(window),
             "wrong_hits": [{"index": i, "text": o.text, "label": o.label, "served_label": o.served_label,
-                            "layer": o.layer, "similarity": o.similarity}
+                            "layer": o.layer, "similarity": o.similarity, "kind": o.wrong_kind}
                            for i, o in enumerate(self.outcomes) if o.wrong],
         }), indent=1)
 
@@ -126,6 +139,7 @@ async def replay(stream: Sequence[Request], client: Poster, *, model: str, categ
     report = Report()
     reporter = random.Random(seed)
     produced: dict[str, str] = dict(known_answers or {})  # answer text -> the label it answers
+    served_wrongly: set[str] = set()  # questions served another label's answer so far
     headers = {"X-Cache-Category": category}
     for request in stream:
         body = {"model": model, "messages": [{"role": "user", "content": request.text}]}
@@ -138,12 +152,17 @@ async def replay(stream: Sequence[Request], client: Poster, *, model: str, categ
         layer = response.headers.get("x-cache", "miss")
         answered = response.json()
         content = _content(answered)
-        if layer in ("miss", "bypass") and content is not None:
-            produced.setdefault(content, request.label)
         served = produced.get(content) if layer.endswith("-hit") and content is not None else None
         similarity = response.headers.get("x-cache-similarity")
-        report.outcomes.append(Replayed(layer=layer, label=request.label, served_label=served, seconds=seconds,
-                                       text=request.text, similarity=float(similarity) if similarity else None))
+        outcome = Replayed(layer=layer, label=request.label, served_label=served, seconds=seconds,
+                           text=request.text, similarity=float(similarity) if similarity else None)
+        if outcome.wrong:
+            outcome.wrong_kind = "repeat" if request.text in served_wrongly else \
+                "twin" if request.label in produced.values() else "first_meeting"
+            served_wrongly.add(request.text)
+        if layer in ("miss", "bypass") and content is not None:
+            produced.setdefault(content, request.label)
+        report.outcomes.append(outcome)
         if after_each is not None:
             await after_each()  # also the hit's record, which the feedback names
         if report.outcomes[-1].wrong and layer == "semantic-hit" and feedback and reporter.random() < feedback:
