@@ -38,6 +38,7 @@ class Replayed:
     # (``first_meeting``), an answer of the asker's label was cached but another one served
     # (``twin``: the hard case), or this very question was served wrongly before (``repeat``).
     wrong_kind: str | None = None
+    verdict: str | None = None  # X-Cache-Verdict of a semantic hit: the rule that served it
 
     @property
     def wrong(self) -> bool:
@@ -62,6 +63,16 @@ class Report:
         """Wrong semantic hits by kind (``WRONG_KINDS``)."""
         kinds = [o.wrong_kind for o in self.outcomes if o.layer == "semantic-hit" and o.wrong]
         return {kind: kinds.count(kind) for kind in WRONG_KINDS}
+
+    def semantic_by_verdict(self) -> dict[str, tuple[int, int]]:
+        """Semantic hits by the rule that served them (``X-Cache-Verdict``): (served, wrong)."""
+        tally: dict[str, list[int]] = {}
+        for o in self.outcomes:
+            if o.layer == "semantic-hit":
+                counts = tally.setdefault(o.verdict or "unknown", [0, 0])
+                counts[0] += 1
+                counts[1] += o.wrong
+        return {verdict: (served, wrong) for verdict, (served, wrong) in sorted(tally.items())}
 
     def windows(self, size: int) -> list[dict[str, Any]]:
         rows = []
@@ -88,6 +99,8 @@ class Report:
                      f"({self.wrong('semantic-hit') / max(1, semantic):.2%}), exact {self.wrong('exact-hit')} of {exact}")
         kinds = self.wrong_kinds()
         lines.append("wrong semantic hits by kind: " + ", ".join(f"{kind} {kinds[kind]}" for kind in WRONG_KINDS))
+        lines.append("semantic hits by verdict (wrong): " + ", ".join(
+            f"{verdict} {served} ({wrong})" for verdict, (served, wrong) in self.semantic_by_verdict().items()))
         lines.append(f"upstream calls: {self.count('miss') + self.count('bypass')}")
         lines.append(f"learning curve (per {window} requests): window, exact, semantic, wrong share of semantic, upstream")
         for row in self.windows(window):
@@ -104,9 +117,12 @@ class Report:
             "layers": {layer: self.count(layer) / total for layer in LAYERS},
             "semantic_wrong": self.wrong("semantic-hit"), "exact_wrong": self.wrong("exact-hit"),
             "semantic_wrong_by_kind": self.wrong_kinds(),
+            "semantic_by_verdict": {verdict: {"served": served, "wrong": wrong}
+                                    for verdict, (served, wrong) in self.semantic_by_verdict().items()},
             "windows": self.windows(window),
             "wrong_hits": [{"index": i, "text": o.text, "label": o.label, "served_label": o.served_label,
-                            "layer": o.layer, "similarity": o.similarity, "kind": o.wrong_kind}
+                            "layer": o.layer, "similarity": o.similarity, "kind": o.wrong_kind,
+                            "verdict": o.verdict}
                            for i, o in enumerate(self.outcomes) if o.wrong],
         }), indent=1)
 
@@ -155,7 +171,8 @@ async def replay(stream: Sequence[Request], client: Poster, *, model: str, categ
         served = produced.get(content) if layer.endswith("-hit") and content is not None else None
         similarity = response.headers.get("x-cache-similarity")
         outcome = Replayed(layer=layer, label=request.label, served_label=served, seconds=seconds,
-                           text=request.text, similarity=float(similarity) if similarity else None)
+                           text=request.text, similarity=float(similarity) if similarity else None,
+                           verdict=response.headers.get("x-cache-verdict") or None)
         if outcome.wrong:
             outcome.wrong_kind = "repeat" if request.text in served_wrongly else \
                 "twin" if request.label in produced.values() else "first_meeting"
