@@ -11,7 +11,9 @@ the nearest question of another label among the 8 nearest. Then, knowing which w
   `app/cache/learning.py` scores), chosen on the stream itself: the most requests served with at
   most ``--bound`` of them wrong;
 - the best threshold per label of the nearest question (per entry, as vCache learns them),
-  also chosen with hindsight.
+  also chosen with hindsight; then with each question counted with its repeats (a question
+  served semantically is served so again), and serving only once the nearest label had been
+  met ``--evidence`` times (no rule learnt per entry can serve before it has observations).
 
 Both are ceilings, not policies: no deployment knows the labels in advance. They say how much
 reach a learning rule could buy over a fixed threshold on this embedder and stream.
@@ -41,13 +43,15 @@ def best_threshold(scores: np.ndarray, right: np.ndarray, bound: float, weights:
     wrong = np.cumsum((1 - right[order]) * weight)
     served = np.cumsum(weight)
     within = np.nonzero(wrong <= bound * served)[0]
-    return int(round(served[within.max()])) if len(within) else 0
+    return round(float(served[within.max()])) if len(within) else 0
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--stream", required=True)
     parser.add_argument("--bound", type=float, default=0.01)
+    parser.add_argument("--evidence", type=int, default=5,
+                        help="questions met before a per-label threshold may serve (faq's entry_confirmations)")
     parser.add_argument("--embedder", default="use-multilingual")
     args = parser.parse_args()
     stream = read_stream(Path(args.stream))
@@ -60,6 +64,10 @@ def main() -> int:
     seen: set[str] = set()
     similarity, margin, right, nearest_label = [], [], [], []
     fresh_texts: list[str] = []
+    # How many earlier questions had a question of this label as their nearest: the most
+    # observations an entry of that label could have had when this one arrived.
+    met_before: list[int] = []
+    met: dict[str, int] = defaultdict(int)
     exact = 0
     for request in stream:
         if request.text in seen:
@@ -75,6 +83,8 @@ def main() -> int:
             right.append(labels[first] == request.label)
             nearest_label.append(labels[first])
             fresh_texts.append(request.text)
+            met_before.append(met[labels[first]])
+            met[labels[first]] += 1
         seen.add(request.text)
         cached.append(row[request.text])
         labels.append(request.label)
@@ -99,6 +109,16 @@ def main() -> int:
     print(f"  the same, each question counted with its repeats: {repeated} served, {repeated / total:.1%} of requests")
     perfect = int((weights * ok).sum())
     print(f"  a perfect semantic cache, each question counted with its repeats: {perfect}, {perfect / total:.1%} of requests")
+    # A rule that learns per entry cannot serve before the entry has been met: the same
+    # ceiling, serving only questions whose nearest label had been met --evidence times before.
+    informed = np.array(met_before) >= args.evidence
+    learnt = 0
+    for idx in map(np.array, groups.values()):
+        keep = idx[informed[idx]]
+        if len(keep):
+            learnt += best_threshold(score[keep], ok[keep], args.bound, weights[keep])
+    print(f"  the same, only once the nearest label had been met {args.evidence} times before: "
+          f"{learnt} served, {learnt / total:.1%} of requests")
     return 0
 
 
