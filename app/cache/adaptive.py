@@ -67,6 +67,10 @@ MARGIN_WEIGHT = 0.5
 POOLED_REFRESH_S = 1.0
 # An entry that was ever wrong within this similarity of a candidate does not vouch for it.
 ENTRY_WRONG_GAP = 0.05
+# ... unless confirmed this many times the record's usual evidence at scores above the wrong
+# similarity plus the gap: the wrong one was another intent further out, and the entry's answer
+# has held closer in since (docs/QUALITY.md, issue #24).
+ENTRY_WRONG_OUTWEIGHED_BY = 2
 # Other entries of model answers handed to the learner with a candidate: the nearest few are
 # where a second entry of the same answer would be.
 NEIGHBOURS = 3
@@ -200,16 +204,24 @@ def entry_record_fields(floor: float, bin_: int) -> list[str]:
 def entry_vouches(values: Sequence[bytes | str | None], similarity: float, policy: SemanticPolicy) -> bool:
     """Whether an entry's record (the values of :func:`entry_record_fields`) vouches for a
     candidate: confirmed at least ``entry_confirmations`` times at a score no higher than the
-    candidate's, and never wrong within ``ENTRY_WRONG_GAP`` below its similarity or above.
+    candidate's, and never wrong at its similarity or above; wrong within ``ENTRY_WRONG_GAP``
+    below it only when confirmed ``ENTRY_WRONG_OUTWEIGHED_BY`` times as often at scores above
+    that wrong similarity plus the gap.
 
     Questions that reached this entry at lower scores had its answer, so a closer one is
     likely to; what is new near it (another intent arriving) is caught by the margin and the
     entry's wrong observations, and the pooled bound still governs everything else.
     """
     wrong_above = int(values[0] or -1)
+    confirmations = [int(v or 0) for v in values[1:]]
     if wrong_above >= 0 and similarity * 1000 <= wrong_above + ENTRY_WRONG_GAP * 1000:
-        return False
-    return sum(int(v or 0) for v in values[1:]) >= policy.entry_confirmations
+        if milli(similarity) <= wrong_above:
+            return False  # at a similarity where the entry was wrong, or below: never
+        # Just above where it was wrong: only on ENTRY_WRONG_OUTWEIGHED_BY times the evidence
+        # the record needs, all of it from closer in than the wrong observation and the gap.
+        closer = score_bin(wrong_above / 1000 + ENTRY_WRONG_GAP) - score_bin(policy.threshold)
+        return sum(confirmations[max(0, closer):]) >= ENTRY_WRONG_OUTWEIGHED_BY * policy.entry_confirmations
+    return sum(confirmations) >= policy.entry_confirmations
 
 
 def entry_may_vouch(policy: SemanticPolicy, similarity: float, score: float) -> bool:

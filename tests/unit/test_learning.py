@@ -133,6 +133,20 @@ def test_an_entry_vouches_with_enough_confirmations_and_no_wrong_nearby() -> Non
     assert not entry_vouches([b"850", *confirmations], 0.80, ENTRY_POLICY)  # wrong above it
 
 
+def test_a_wrong_just_below_is_outweighed_only_by_twice_the_evidence_from_closer_in() -> None:
+    fields = entry_record_fields(0.6, 82)  # bins 60..82
+    confirmations = [None] * (len(fields) - 1)
+    confirmations[0] = b"40"  # far below (bin 60): says nothing about 0.76-0.81
+    assert not entry_vouches([b"760", *confirmations], 0.80, ENTRY_POLICY)
+    confirmations[81 - 60] = b"5"  # at bin 81, closer in than the wrong 0.76 plus the gap
+    assert not entry_vouches([b"760", *confirmations], 0.80, ENTRY_POLICY)  # 5 of 2 x 3
+    confirmations[82 - 60] = b"1"
+    assert entry_vouches([b"760", *confirmations], 0.80, ENTRY_POLICY)  # 6 of 2 x 3
+    # At the similarity where it was wrong, or below, nothing outweighs it (feedback's veto).
+    assert not entry_vouches([b"800", *confirmations], 0.80, ENTRY_POLICY)
+    assert not entry_vouches([b"850", *confirmations], 0.80, ENTRY_POLICY)
+
+
 def test_neighbours_are_other_entries_of_model_answers_in_the_band() -> None:
     from app.cache.adaptive import NEIGHBOURS, neighbours_of
     from app.cache.base import Nearest
