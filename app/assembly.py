@@ -24,11 +24,12 @@ from app.cache.base import CacheLayer
 from app.cache.buckets import Bucket, Buckets, open_buckets
 from app.cache.embeddings import CachedEmbeddings, EmbeddingsCache
 from app.cache.exact import ExactCache
-from app.cache.feedback import Feedback, FeedbackTarget, ServedLog
+from app.cache.feedback import Feedback, FeedbackTarget, ServedQuestions, Verdicts
 from app.cache.invalidation import AuditLog, CacheInvalidator, Invalidator
 from app.cache.judge import AnswerJudge
 from app.cache.layered import LayeredCache, RequestCache
 from app.cache.learning import AnswerLearner, ObservationWriter
+from app.cache.receipts import ResponseIds, parse_secrets
 from app.cache.routed import RoutedCache, RoutedInvalidator
 from app.cache.semantic import SemanticCache, adopt_embedder, index_dims
 from app.cache.verify import CandidateCheck, PairVerifier, load_verifier
@@ -147,8 +148,14 @@ def semantic_parts(settings: Settings, encoder: Encoder, metrics: Metrics, upstr
     return SemanticParts(embedder, verifier, CandidateCheck(verifier, confirm=judge, on_verdict=metrics.verdict), judge)
 
 
+def response_ids(settings: Settings) -> ResponseIds:
+    """What mints and opens hits' response ids (the configured secrets; else, once adopted, the
+    one kept in Redis)."""
+    return ResponseIds(parse_secrets(settings.response_id_secrets), settings.feedback_ttl_s)
+
+
 def assemble(settings: Settings, policy: Policy, buckets: Buckets, metrics: Metrics,
-             parts: SemanticParts | None) -> CacheParts:
+             parts: SemanticParts | None, ids: ResponseIds | None = None) -> CacheParts:
     """The cache over ``buckets``.
 
     Args:
@@ -157,7 +164,9 @@ def assemble(settings: Settings, policy: Policy, buckets: Buckets, metrics: Metr
         buckets: Where the cache lives (none yet: a cluster not reachable).
         metrics: Where the cache counts.
         parts: The semantic layer's shared parts; ``None``: exact only.
+        ids: The response ids feedback opens; ``None``: from the settings (tools).
     """
+    ids = ids if ids is not None else response_ids(settings)
     options = settings.semantic
     audit = AuditLog(buckets.shared) if buckets.shared is not None else None
     each = []
@@ -175,7 +184,7 @@ def assemble(settings: Settings, policy: Policy, buckets: Buckets, metrics: Metr
             layers.append(semantic)
             learner = AnswerLearner(redis, parts.embedder, parts.verifier.analyzer, judge=parts.judge,
                                     documents_of=semantic.documents_of, keys=keys)
-        served = ServedLog(buckets.shared, redis, keys, settings.feedback_ttl_s) if buckets.shared is not None else None
+        served = ServedQuestions(redis, keys)
         cache = LayeredCache(versions, layers, metrics, lookup_timeout_s=settings.lookup_timeout_s,
                              judge_timeout_s=options.judge_timeout_s, learner=learner,
                              max_learning=options.learning_max_pending, generations=generations, served=served)
@@ -203,17 +212,17 @@ def assemble(settings: Settings, policy: Policy, buckets: Buckets, metrics: Metr
     feedback = None
     if each and buckets.shared is not None and audit is not None:
         targets = [FeedbackTarget(b.bucket.redis, ObservationWriter(b.bucket.redis, b.bucket.keys)) for b in each]
-        log = ServedLog(buckets.shared, each[0].bucket.redis, each[0].bucket.keys, settings.feedback_ttl_s)
-        feedback = Feedback(log, targets, buckets.holding, audit)
+        feedback = Feedback(Verdicts(buckets.shared, ids), targets, buckets.holding, audit)
     return CacheParts(buckets=buckets, each=tuple(each), cache=routed, invalidator=invalidating,
                       embeddings=embeddings, feedback=feedback, flight=flight, caps=caps)
 
 
-def pipeline_over(parts: CacheParts, settings: Settings, upstream: Upstream, metrics: Metrics) -> ChatPipeline:
+def pipeline_over(parts: CacheParts, settings: Settings, upstream: Upstream, metrics: Metrics,
+                  ids: ResponseIds | None = None) -> ChatPipeline:
     """The request path over a cache: lookups, single flight, the relay and the write-back."""
     relay = Relay(upstream, parts.cache, metrics, parts.caps)
     return ChatPipeline(limits=settings.limits, cache=parts.cache, relay=relay, metrics=metrics,
-                        flight=parts.flight, caps=parts.caps)
+                        flight=parts.flight, caps=parts.caps, ids=ids)
 
 
 async def reconcile(redis: Redis, versions: VersionTag, semantic: SemanticCache | None) -> str:

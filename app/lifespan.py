@@ -12,11 +12,21 @@ from typing import Any
 from litestar import Litestar
 from redis.exceptions import RedisClusterException
 
-from app.assembly import BucketCache, CacheParts, SemanticParts, assemble, pipeline_over, reconcile, semantic_parts
+from app.assembly import (
+    BucketCache,
+    CacheParts,
+    SemanticParts,
+    assemble,
+    pipeline_over,
+    reconcile,
+    response_ids,
+    semantic_parts,
+)
 from app.auth import TenantResolver
-from app.cache.base import CACHE_ERRORS
+from app.cache.base import CACHE_ERRORS, SharedRedis
 from app.cache.buckets import Buckets, ClusterUnavailable, open_buckets
 from app.cache.invalidation import sweep_stale_generations
+from app.cache.receipts import ResponseIds
 from app.cache.usage import UsageCounts
 from app.cache.version import sweep_stale_versions
 from app.embed import Encoder, load_encoder
@@ -30,6 +40,9 @@ from app.upstream import Upstream
 
 logger = logging.getLogger("strata.lifespan")
 
+# How often a worker checks that Redis still holds the response-id secret it signs with.
+RESPONSE_SECRET_CHECK_S = 60.0
+
 
 @dataclass
 class Resources:
@@ -40,6 +53,7 @@ class Resources:
         pipeline: The request path over ``cache``; replaced with it (:meth:`use`).
         usage: This worker's requests by category and outcome, flushed to Redis.
         semantic_parts: The embedder and the verification, kept to build a late cluster's cache.
+        ids: Mints hits' response ids and opens them for feedback (its secret adopted at start).
     """
 
     settings: Settings
@@ -53,12 +67,13 @@ class Resources:
     semantic_parts: SemanticParts | None
     cache: CacheParts
     pipeline: ChatPipeline
+    ids: ResponseIds
     background: set[asyncio.Task[Any]] = field(default_factory=set)
 
     def use(self, cache: CacheParts) -> None:
         """Serve from ``cache`` from now on (a cluster that answered after start-up)."""
         self.cache = cache
-        self.pipeline = pipeline_over(cache, self.settings, self.upstream, self.metrics)
+        self.pipeline = pipeline_over(cache, self.settings, self.upstream, self.metrics, self.ids)
 
     def spawn(self, work: Coroutine[Any, Any, Any], name: str) -> None:
         """Run work in the background; failures are logged, the task is kept until done."""
@@ -105,10 +120,11 @@ async def build_resources(settings: Settings, encoder: Encoder | None = None) ->
     hygiene = None if settings.prompt_hygiene == "off" else PromptHygiene.load(settings.resolve(settings.prompt_hygiene_file))
     limits = settings.limits
     rate_limiter = TenantRateLimiter(limits.tenant_rps, limits.tenant_burst or limits.tenant_rps, settings.workers)
-    cache = assemble(settings, policy, buckets, metrics, parts)
-    return Resources(settings=settings, policy=policy, upstream=upstream, metrics=metrics, usage=usage, tenants=tenants,
+    ids = response_ids(settings)
+    cache = assemble(settings, policy, buckets, metrics, parts, ids)
+    return Resources(ids=ids, settings=settings, policy=policy, upstream=upstream, metrics=metrics, usage=usage, tenants=tenants,
                      hygiene=hygiene, rate_limiter=rate_limiter, semantic_parts=parts, cache=cache,
-                     pipeline=pipeline_over(cache, settings, upstream, metrics))
+                     pipeline=pipeline_over(cache, settings, upstream, metrics, ids))
 
 
 async def sweep_after(bucket: BucketCache, current: str) -> None:
@@ -133,8 +149,28 @@ async def start_cache(resources: Resources) -> None:
     shared = resources.cache.shared
     assert shared is not None  # started once there are buckets
     resources.spawn(resources.usage.run(shared, CACHE_ERRORS), "usage-counts")
+    try:
+        await resources.ids.adopt(shared)  # before the first hit, so every hit's id can be opened
+    except CACHE_ERRORS as exc:
+        logger.warning("response-id secret not read yet (hits get plain ids until it is): %r", exc)
+    resources.spawn(adopt_response_secret(resources.ids, shared, resources.settings.redis.cluster_refresh_s),
+                    "response-id-secret")
+    for bucket in resources.cache.each:
+        if bucket.semantic is not None:
+            resources.spawn(bucket.semantic.hits.run(CACHE_ERRORS), f"semantic-hit-counts {bucket.bucket.keys.namespace}")
     if resources.cache.buckets.clustered:
         resources.spawn(follow_cluster(resources), "follow-cluster")
+
+
+async def adopt_response_secret(ids: ResponseIds, shared: SharedRedis, retry_s: float) -> None:
+    """Keep the response-id secret agreed with Redis: again until Redis answers (until then hits'
+    ids are plain), then every minute (a Redis that lost the key gets this worker's back)."""
+    while ids.ttl_s > 0 and not ids.configured:
+        await asyncio.sleep(RESPONSE_SECRET_CHECK_S if ids.ready else max(retry_s, 0.5))
+        try:
+            await ids.adopt(shared)
+        except CACHE_ERRORS as exc:
+            logger.debug("response-id secret not read: %r", exc)
 
 
 async def connect_when_reachable(resources: Resources) -> None:
@@ -147,7 +183,8 @@ async def connect_when_reachable(resources: Resources) -> None:
             buckets = await open_buckets(settings.redis)
         except ClusterUnavailable:
             continue
-        resources.use(assemble(settings, resources.policy, buckets, resources.metrics, resources.semantic_parts))
+        resources.use(assemble(settings, resources.policy, buckets, resources.metrics, resources.semantic_parts,
+                               resources.ids))
         logger.info("Redis Cluster reachable: the cache is on (%d buckets)", len(buckets.all))
         await start_cache(resources)
         return

@@ -13,6 +13,7 @@ import time
 from app.cache.base import CacheHit
 from app.cache.keys import canonicalize
 from app.cache.layered import CacheMode, CachePlan, RequestCache
+from app.cache.receipts import ResponseIds
 from app.chat import ChatCall, ChatResult, Outcome
 from app.errors import StrataError
 from app.metrics import Metrics
@@ -34,11 +35,14 @@ class ChatPipeline:
         metrics: Where outcomes are counted.
         flight: Single flight across workers; ``None`` to ask the upstream for every miss.
         caps: L4, the learnt ``max_tokens`` of requests that name none; ``None``: the default.
+        ids: Mints hits' response ids, which carry what served them; ``None``: plain ids.
     """
 
     def __init__(self, *, limits: LimitSettings, cache: RequestCache, relay: Relay, metrics: Metrics,
-                 flight: SingleFlight | None = None, caps: TokenCaps | None = None) -> None:
+                 flight: SingleFlight | None = None, caps: TokenCaps | None = None,
+                 ids: ResponseIds | None = None) -> None:
         self._limits = limits
+        self._ids = ids
         self._caps = caps
         self._cache = cache
         self._relay = relay
@@ -76,9 +80,11 @@ class ChatPipeline:
         plan = await self._plan(call, named)
         plan, hit = await self._cache.lookup(plan)
         if hit is not None:
-            response_id = new_completion_id()
+            assert plan.query is not None  # a hit comes from a planned query
+            # The id is the hit's receipt (app/cache/receipts.py): feedback reads it, Redis is not written.
+            response_id = self._ids.mint(plan.query, hit) if self._ids is not None else new_completion_id()
             result = serve_hit(hit, request, started, self._metrics, category=call.category.name, response_id=response_id)
-            self._cache.remember(plan, hit, response_id)  # after the response: feedback names it by its id
+            self._cache.remember(plan, hit)  # a served question, where its category explores repeats
             return result
         exchange = Exchange(body={}, stream=request.stream, plan=plan, started=started, category=call.category.name,
                             outcome=Outcome.MISS if plan.reads else Outcome.BYPASS)

@@ -148,8 +148,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     singleflight_poll_s: float = 0.02
     # /v1/embeddings responses are cached exactly this long (0: not cached).
     embeddings_ttl_s: int = 86_400
-    # How long a hit's response can be given feedback (POST /v1/feedback): its record's TTL (0: none kept).
+    # How long a hit's response can be given feedback (POST /v1/feedback): its id's lifetime (0: never).
     feedback_ttl_s: int = 86_400
+    # The secrets hits' response ids are signed with, comma-separated: the first signs, all verify
+    # (rotation). Empty: one secret made once and kept in Redis (app/cache/receipts.py).
+    response_id_secrets: str = ""
 
     redis: RedisSettings = field(default_factory=RedisSettings)
     upstream: UpstreamSettings = field(default_factory=UpstreamSettings)

@@ -471,7 +471,7 @@ def scan(client: Any, pattern: str) -> list[bytes]:
 
 def eventually(check: Callable[[], Any], timeout: float = 10.0) -> Any:
     """``check()`` once it is truthy, or its last value after ``timeout`` s: for what Strata writes
-    after the response (write-backs, observations, response records), waited for, not slept on."""
+    after the response (write-backs, observations, batched counts), waited for, not slept on."""
     deadline = time.monotonic() + timeout
     while not (value := check()) and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -30,8 +30,8 @@ class FeedbackController(Controller):
         resources.rate_limiter.admit(caller.tenant)
         limits = resources.settings.limits
         given, _ = parse_view(await read_body(request, limits.body_timeout_s), FeedbackRequest, limits.max_json_depth)
-        if not given.id.strip() or len(given.id) > 200:
-            raise InvalidRequest("id names the response: its body's id (1 to 200 characters)", param="id",
+        if not given.id.strip() or len(given.id) > 512:
+            raise InvalidRequest("id names the response: its body's id (1 to 512 characters)", param="id",
                                  code="invalid_feedback")
         given = msgspec.structs.replace(given, id=chat_completion_id(given.id))  # resp_... and msg_... name it too
         feedback = resources.cache.feedback

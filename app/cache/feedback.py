@@ -1,9 +1,8 @@
-"""What a hit served, remembered; and end users' feedback on it (issue #24).
+"""End users' feedback on served answers (issue #24), named by the hit's receipt (issue #32).
 
-Every hit gets a response id (its body's ``id`` and the ``X-Cache-Response-Id`` header). After
-the response, in the background, Strata writes what served it to ``strata:resp:<id>`` (tenant,
-user, category, version, layer, document, entry, similarity, score bin, source), kept for
-``STRATA_FEEDBACK_TTL_S``; a semantic hit also marks the question as served
+Every hit gets a response id (its body's ``id`` and the ``X-Cache-Response-Id`` header) that
+carries what served it, signed (app/cache/receipts.py): serving a hit writes nothing to Redis. A
+semantic hit in a category that explores repeats also marks the question as served
 (``strata:vN:served:<sha256>``), so the adaptive decision explores its repeats more often.
 
 ``POST /v1/feedback`` with that id and a verdict applies it at once, in the bucket that holds the
@@ -17,8 +16,9 @@ document:
 - ``right`` counts a right observation on the document and a confirmation of its entry, not in the
   pool: served hits are no fair sample, and one user's votes must not loosen what others are served.
 
-One verdict per response (a second is refused), only from the tenant that was served, and from
-its user in per-user categories; every verdict is appended to the audit stream.
+One verdict per response (``strata:fb:<nonce>``; a second is refused), only from the tenant that
+was served, and from its user in per-user categories; an id that is altered, forged or older
+than ``STRATA_FEEDBACK_TTL_S`` names nothing. Every verdict is appended to the audit stream.
 """
 
 from __future__ import annotations
@@ -34,24 +34,9 @@ from redis.asyncio import Redis
 
 from app.cache.base import CacheHit, CacheQuery, SharedRedis
 from app.cache.invalidation import AuditLog, Invalidated
-from app.cache.keys import (
-    FIELD_CATEGORY,
-    FIELD_DOCUMENT,
-    FIELD_LAYER,
-    FIELD_ROOT,
-    FIELD_SCORE_BIN,
-    FIELD_SERVED,
-    FIELD_SIMILARITY,
-    FIELD_SOURCE,
-    FIELD_TENANT,
-    FIELD_USER,
-    FIELD_VERDICT,
-    FIELD_VERSION,
-    Keyspace,
-    as_text,
-    response_key,
-)
+from app.cache.keys import FIELD_DOCUMENT, FIELD_ROOT, FIELD_SERVED, FIELD_SIMILARITY, Keyspace, verdict_key
 from app.cache.learning import ObservationWriter
+from app.cache.receipts import InvalidReceipt, Receipt, ResponseIds
 
 logger = logging.getLogger("strata.feedback")
 
@@ -73,57 +58,6 @@ class FeedbackRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     comment: str = ""
 
 
-class Served(msgspec.Struct, frozen=True, kw_only=True):
-    """What one hit served: the response record.
-
-    Attributes:
-        tenant: Whose request.
-        user: Its user in a per-user category ("" otherwise).
-        category: Its category.
-        version: The version tag it was served under.
-        layer: ``exact`` or ``semantic``.
-        document: The document that matched (the exact entry, or a semantic entry or alias).
-        root: The entry whose answer it served.
-        similarity: The questions' similarity (semantic hits).
-        score_bin: The decision score's bin (semantic hits).
-        source: ``model`` or ``faq``.
-    """
-
-    tenant: str
-    user: str = ""
-    category: str
-    version: str
-    layer: str
-    document: str
-    root: str
-    similarity: float = 1.0
-    score_bin: int = 0
-    source: str = "model"
-
-    def to_hash(self) -> dict[str, str | int | float]:
-        return {FIELD_TENANT: self.tenant, FIELD_USER: self.user, FIELD_CATEGORY: self.category,
-                FIELD_VERSION: self.version, FIELD_LAYER: self.layer, FIELD_DOCUMENT: self.document,
-                FIELD_ROOT: self.root, FIELD_SIMILARITY: round(self.similarity, 4), FIELD_SCORE_BIN: self.score_bin,
-                FIELD_SOURCE: self.source}
-
-    @classmethod
-    def from_hash(cls, raw: dict[bytes | str, bytes | str]) -> Served:
-        fields = {str(as_text(k)): str(as_text(v)) for k, v in raw.items()}
-        return cls(tenant=fields[FIELD_TENANT], user=fields.get(FIELD_USER, ""), category=fields[FIELD_CATEGORY],
-                   version=fields[FIELD_VERSION], layer=fields[FIELD_LAYER], document=fields[FIELD_DOCUMENT],
-                   root=fields[FIELD_ROOT], similarity=float(fields.get(FIELD_SIMILARITY, 1.0)),
-                   score_bin=int(fields.get(FIELD_SCORE_BIN, 0)), source=fields.get(FIELD_SOURCE, "model"))
-
-    @classmethod
-    def of(cls, query: CacheQuery, hit: CacheHit) -> Served:
-        """The record of a hit a query was served."""
-        document = hit.document or hit.key or ""
-        return cls(tenant=query.canonical.tenant, user=query.canonical.user or "", category=query.category.name,
-                   version=query.version, layer=hit.layer, document=document, root=hit.key or document,
-                   similarity=hit.similarity if hit.similarity is not None else 1.0, score_bin=hit.score_bin or 0,
-                   source=hit.source)
-
-
 class FeedbackError(Exception):
     """A verdict that cannot be applied; ``status`` says why (404: no such response for this
     caller; 409: a verdict was given already)."""
@@ -133,59 +67,67 @@ class FeedbackError(Exception):
         self.status = status
 
 
-class ServedLog:
-    """Response records (outside any bucket) and the served questions of one bucket.
+class ServedQuestions:
+    """The questions of one bucket served semantically, in the categories that explore repeats.
+
+    ``semantic.repeat_explore`` is this memory's one reader; a category without it writes
+    nothing here, so a hit there writes nothing at all (issue #32).
 
     Args:
-        shared: The client of keys outside any bucket (the response records).
-        redis: The bucket's Redis (its served questions).
+        redis: The bucket's Redis.
         keys: The bucket's keyspace.
-        ttl_s: How long a response can be given feedback; 0 records no responses.
     """
 
-    def __init__(self, shared: SharedRedis, redis: Redis, keys: Keyspace, ttl_s: int) -> None:
-        self._shared = shared
+    def __init__(self, redis: Redis, keys: Keyspace) -> None:
         self._redis = redis
         self._keys = keys
-        self._ttl_s = ttl_s
 
-    async def remember(self, query: CacheQuery, hit: CacheHit, response_id: str) -> None:
-        """Record what served a response; mark a semantically served question."""
-        served = Served.of(query, hit)
-        # The served question first, the response record last: whoever sees the record (feedback,
-        # a test waiting for it) sees everything the hit left.
-        if hit.layer == SEMANTIC:
-            key = self._keys.served_key(query.version, query.entry_digest)
-            async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.hset(key, mapping={FIELD_DOCUMENT: served.document, FIELD_ROOT: served.root,
-                                        FIELD_SIMILARITY: round(served.similarity, 4)})
-                pipe.hincrby(key, FIELD_SERVED, 1)
-                pipe.expire(key, query.category.ttl_seconds)
-                await pipe.execute()
-        if self._ttl_s > 0:
-            key = response_key(response_id)
-            async with self._shared.pipeline(transaction=False) as pipe:
-                pipe.hset(key, mapping=served.to_hash())  # type: ignore[arg-type]
-                pipe.expire(key, self._ttl_s)
-                await pipe.execute()
+    @staticmethod
+    def wanted(query: CacheQuery, hit: CacheHit) -> bool:
+        """Whether a hit is remembered: a semantic hit in a category that explores repeats."""
+        return hit.layer == SEMANTIC and query.category.semantic.repeat_explore > 0
 
-    async def claim(self, response_id: str, tenant: str, user: str | None, verdict: str) -> Served:
-        """The record of a response the caller may judge, with the verdict now set on it.
+    async def remember(self, query: CacheQuery, hit: CacheHit) -> None:
+        """Mark a semantically served question (one pipeline, off the request path)."""
+        key = self._keys.served_key(query.version, query.entry_digest)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.hset(key, mapping={FIELD_DOCUMENT: hit.document or hit.key or "", FIELD_ROOT: hit.key or "",
+                                    FIELD_SIMILARITY: round(hit.similarity or 1.0, 4)})
+            pipe.hincrby(key, FIELD_SERVED, 1)
+            pipe.expire(key, query.category.ttl_seconds)
+            await pipe.execute()
+
+
+class Verdicts:
+    """The receipts of served responses, opened for feedback, and one verdict each.
+
+    Args:
+        shared: The client of keys outside any bucket (the verdicts).
+        ids: Mints and opens response ids.
+    """
+
+    def __init__(self, shared: SharedRedis, ids: ResponseIds) -> None:
+        self._shared = shared
+        self._ids = ids
+
+    async def claim(self, response_id: str, tenant: str, user: str | None, verdict: str) -> Receipt:
+        """The receipt of a response the caller may judge, with its verdict now recorded.
 
         Raises:
             FeedbackError: No such response for this tenant (or user), or judged already.
         """
-        key = response_key(response_id)
-        raw = await self._shared.hgetall(key)
-        if not raw:
-            raise FeedbackError(f"no response {response_id!r} to give feedback on (unknown, not a hit, or expired)", 404)
-        served = Served.from_hash(raw)
+        unknown = FeedbackError(f"no response {response_id!r} to give feedback on (unknown, not a hit, or expired)", 404)
+        try:
+            receipt = self._ids.open(response_id)
+        except InvalidReceipt as exc:
+            raise unknown from exc
         # Another tenant's (or, in a per-user category, another user's) response is as unknown.
-        if served.tenant != tenant or (served.user and user is not None and served.user != user):
-            raise FeedbackError(f"no response {response_id!r} to give feedback on (unknown, not a hit, or expired)", 404)
-        if not await self._shared.hsetnx(key, FIELD_VERDICT, verdict):
+        if receipt.tenant != tenant or (receipt.user and user is not None and receipt.user != user):
+            raise unknown
+        remaining = max(1, self._ids.ttl_s - (int(time.time()) - receipt.issued_at))
+        if not await self._shared.set(verdict_key(receipt.nonce), verdict, nx=True, ex=remaining):
             raise FeedbackError(f"response {response_id!r} has feedback already", 409)
-        return served
+        return receipt
 
 
 @dataclass(frozen=True)
@@ -217,13 +159,13 @@ class Feedback:
     """Applies end users' verdicts on served responses.
 
     Args:
-        log: The response records.
+        log: The receipts and their verdicts.
         targets: One per bucket, in the buckets' order.
         holding: The bucket index of a document's key (``Buckets.holding``).
         audit: The audit stream.
     """
 
-    def __init__(self, log: ServedLog, targets: Sequence[FeedbackTarget], holding: Callable[[str], int | None],
+    def __init__(self, log: Verdicts, targets: Sequence[FeedbackTarget], holding: Callable[[str], int | None],
                  audit: AuditLog) -> None:
         self._log = log
         self._targets = tuple(targets)

@@ -22,15 +22,18 @@ Redis key layout (every name readable with ``redis-cli``)::
     strata:vN:sem:faq-<sha256>     HASH    a curated answer (`strata faq load`), or one of its variants
     strata:vN:faqset:<name>        SET     the keys one `strata faq load` file wrote (replaced on reload)
     strata:vN:served:<sha256>      HASH    a question served semantically (document, root, similarity,
-                                           count), TTL from the category: asked again, it is explored
-                                           at semantic.repeat_explore
-    strata:resp:<response id>      HASH    what a hit served (tenant, user, category, version, layer,
-                                           document, root, similarity, score_bin, source, verdict once
-                                           given), STRATA_FEEDBACK_TTL_S: POST /v1/feedback reads it
+                                           count), TTL from the category; written only in categories
+                                           with semantic.repeat_explore > 0 (its one reader): asked
+                                           again, the question is explored at that rate
+    strata:meta:response_id_secret STRING  the secret hits' response ids are signed with, when
+                                           STRATA_RESPONSE_ID_SECRETS is unset (app/cache/receipts.py)
+    strata:fb:<nonce>              STRING  the verdict given on one response (POST /v1/feedback), until
+                                           its id expires (STRATA_FEEDBACK_TTL_S): one per response.
+                                           A hit writes nothing: its id carries what served it
 
 On a Redis Cluster (``STRATA_REDIS_URL=redis+cluster://...``) the cache is split into buckets
 (app/cache/buckets.py), each a hash tag such as ``b7`` listed in ``strata:meta:buckets`` (STRING,
-comma-separated). Every key above except the usage counts, L4's statistics, the response records and the audit stream
+comma-separated). Every key above except the usage counts, L4's statistics, the response-id secret, the verdicts and the audit stream
 then lives in a bucket, with the tag after the namespace, and the version and scope counters
 are per bucket::
 
@@ -55,6 +58,8 @@ from app.wire import ChatCompletionRequest, ContentPart
 
 NAMESPACE = "strata"
 AUDIT_KEY = f"{NAMESPACE}:meta:audit"
+# The secret response ids are signed with when none is configured (app/cache/receipts.py).
+RESPONSE_SECRET_KEY = f"{NAMESPACE}:meta:response_id_secret"
 # On a Redis Cluster: the hash tags of the cache's buckets, chosen by the first instance.
 BUCKETS_KEY = f"{NAMESPACE}:meta:buckets"
 # The generation of a (category, tenant) no targeted invalidation has touched: its keys are the
@@ -96,9 +101,9 @@ OBS_CURATED = "curated"
 # whose answer was the entry's or another's (semantic.guard_lift).
 OBS_GUARD_OK = "guard_ok"
 OBS_GUARD_WRONG = "guard_wrong"
-# A response record (strata:resp:<id>) and a served question (strata:vN:served:<sha256>): which
-# layer, version and document served it, at which similarity and score bin, the end user's verdict
-# once given (right / wrong), and how often a served question was served.
+# A served question (strata:vN:served:<sha256>) and a response's receipt (app/cache/receipts.py):
+# which layer, version and document served it, at which similarity and score bin, and how often a
+# served question was served.
 FIELD_LAYER = "layer"
 FIELD_VERSION = "version"
 FIELD_DOCUMENT = "document"
@@ -227,10 +232,10 @@ class Keyspace(msgspec.Struct, frozen=True):
         return pool if tenant is None else f"{pool}:{tenant}"
 
 
-def response_key(response_id: str) -> str:
-    """What a served hit was, by its response id (the ``id`` of its body): for ``/v1/feedback``.
-    Outside any bucket and version: feedback names the response, not where it came from."""
-    return f"{NAMESPACE}:resp:{response_id}"
+def verdict_key(nonce: str) -> str:
+    """The verdict given on one response (its receipt's nonce, app/cache/receipts.py): one per
+    response. Outside any bucket and version: feedback names the response, not where it came from."""
+    return f"{NAMESPACE}:fb:{nonce}"
 
 
 def observation_field(result: str, score_bin: int) -> str:

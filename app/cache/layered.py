@@ -18,7 +18,7 @@ import msgspec
 
 from app.cache.base import CACHE_ERRORS, CacheHit, CacheLayer, CacheQuery, Candidate, CorruptEntry
 from app.cache.exact import EXACT
-from app.cache.feedback import ServedLog
+from app.cache.feedback import ServedQuestions
 from app.cache.keys import NO_GENERATION, CanonicalRequest
 from app.cache.learning import AnswerLearner
 from app.cache.semantic import SEMANTIC
@@ -88,7 +88,7 @@ class RequestCache(Protocol):
 
     async def store(self, plan: CachePlan, raw: bytes, completion: dict[str, Any]) -> None: ...
 
-    def remember(self, plan: CachePlan, hit: CacheHit, response_id: str) -> None: ...
+    def remember(self, plan: CachePlan, hit: CacheHit) -> None: ...
 
     async def settle(self) -> None: ...
 
@@ -107,13 +107,13 @@ class LayeredCache:
             waits on the LLM judge.
         learner: Learns from answered misses of adaptive categories, off the request path.
         max_learning: Observations in flight per worker; beyond it new ones are dropped (counted).
-        served: Where what each hit served is recorded (feedback, repeats); ``None``: nowhere.
+        served: Where semantically served questions are remembered (repeats); ``None``: nowhere.
     """
 
     def __init__(self, versions: VersionTag, layers: Sequence[CacheLayer], metrics: Metrics, *,
                  lookup_timeout_s: float, judge_timeout_s: float = 0.0, learner: AnswerLearner | None = None,
                  max_learning: int = 256, generations: ScopeGenerations | None = None,
-                 served: ServedLog | None = None) -> None:
+                 served: ServedQuestions | None = None) -> None:
         self.versions = versions
         self.generations = generations
         self._layers = list(layers)
@@ -317,22 +317,23 @@ class LayeredCache:
         if observed.merged:
             self._metrics.entry_merges.labels(query.category.name).inc(observed.merged)
 
-    def remember(self, plan: CachePlan, hit: CacheHit, response_id: str) -> None:
-        """Record what served a hit, after its response (in the background, bounded like the
-        observations): the response's record for feedback, and a semantically served question."""
-        if self._served is None or plan.query is None:
+    def remember(self, plan: CachePlan, hit: CacheHit) -> None:
+        """Remember a semantically served question in a category that explores repeats, after
+        its response (in the background, bounded like the observations). Any other hit writes
+        nothing: its response id carries what served it (app/cache/receipts.py)."""
+        if self._served is None or plan.query is None or not ServedQuestions.wanted(plan.query, hit):
             return
         if len(self._learning) >= self._max_learning:
             self._metrics.cache_failed("served", "store", OverflowError("too many records in flight"))
             return
-        task = asyncio.create_task(self._remember(plan.query, hit, response_id))
+        task = asyncio.create_task(self._remember(plan.query, hit))
         self._learning.add(task)
         task.add_done_callback(self._learning.discard)
 
-    async def _remember(self, query: CacheQuery, hit: CacheHit, response_id: str) -> None:
+    async def _remember(self, query: CacheQuery, hit: CacheHit) -> None:
         assert self._served is not None
         try:
-            await self._served.remember(query, hit, response_id)
+            await self._served.remember(query, hit)
         except CACHE_ERRORS as exc:
             self._metrics.cache_failed("served", "store", exc)
 

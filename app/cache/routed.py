@@ -85,9 +85,9 @@ class RoutedCache:
         if plan.query is not None:
             await self._of(plan.query).store(plan, raw, completion)
 
-    def remember(self, plan: CachePlan, hit: CacheHit, response_id: str) -> None:
+    def remember(self, plan: CachePlan, hit: CacheHit) -> None:
         if plan.query is not None:
-            self._of(plan.query).remember(plan, hit, response_id)
+            self._of(plan.query).remember(plan, hit)
 
     async def settle(self) -> None:
         await asyncio.gather(*(cache.settle() for cache in self.caches))

@@ -43,7 +43,6 @@ from app.cache.keys import (
     FIELD_ANSWER,
     FIELD_CATEGORY,
     FIELD_EMBEDDING,
-    FIELD_HITS,
     FIELD_QUESTION,
     FIELD_ROOT,
     FIELD_SCOPE,
@@ -54,6 +53,7 @@ from app.cache.keys import (
     as_text,
     faq_scope_digest,
 )
+from app.cache.usage import HitCounts
 from app.cache.verify import WRONG_BEFORE, CandidateCheck, ThresholdVerifier
 from app.embed import Embedder
 from app.policy import SemanticPolicy
@@ -97,6 +97,7 @@ class SemanticCache:
         self.adaptive = AdaptiveDecision(redis, self._check,
                                          PooledObservations(redis, learning_refresh_s, keys, pool_sources), keys=keys)
         self._writer = EntryWriter(redis, keys)
+        self.hits = HitCounts(redis)
         self._indexes: dict[str, AsyncSearchIndex] = {}
         self._index_lock = asyncio.Lock()
         # Recent question embeddings: the write-back after a miss reuses the lookup's vector. Keyed
@@ -195,7 +196,7 @@ class SemanticCache:
         if policy.adaptive:
             decided = await self.adaptive.decide(query, question, await self.candidates(query, vector, ADAPTIVE_CANDIDATES))
             if isinstance(decided, Serve):
-                return await self._hit(decided.row, decided.reason, decided.score_bin)
+                return self._hit(decided.row, decided.reason, decided.score_bin)
             return decided
         for row in await self.candidates(query, vector):
             if row.similarity < policy.threshold:
@@ -208,11 +209,11 @@ class SemanticCache:
             verdict = await self._check.decide(question, row.fields[FIELD_QUESTION], row.similarity, policy,
                                                query.canonical.model)
             if verdict.accepted:
-                return await self._hit(row, verdict.reason, score_bin(row.similarity))
+                return self._hit(row, verdict.reason, score_bin(row.similarity))
         return None
 
-    async def _hit(self, row: Nearest, reason: str, bin_: int) -> CacheHit:
-        await self._redis.hincrby(row.key, FIELD_HITS, 1)
+    def _hit(self, row: Nearest, reason: str, bin_: int) -> CacheHit:
+        self.hits.add(row.key)  # added in a batch every second: no round trip per hit
         return CacheHit(layer=self.name, completion=answer_bytes(row), similarity=row.similarity,
                         matched_question=row.fields[FIELD_QUESTION], reason=reason, source=source_of(row),
                         key=root_of(row), document=row.key, score_bin=bin_)

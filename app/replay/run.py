@@ -181,7 +181,7 @@ async def replay(stream: Sequence[Request], client: Poster, *, model: str, categ
             produced.setdefault(content, request.label)
         report.outcomes.append(outcome)
         if after_each is not None:
-            await after_each()  # also the hit's record, which the feedback names
+            await after_each()  # write-backs and observations, so every run decides alike
         if report.outcomes[-1].wrong and layer == "semantic-hit" and feedback and reporter.random() < feedback:
             sent = await client.post("/v1/feedback", json={"id": answered.get("id"), "verdict": "wrong"}, headers={})
             report.feedback += sent.status_code == 200

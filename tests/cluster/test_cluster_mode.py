@@ -20,14 +20,15 @@ from redis.cluster import RedisCluster
 
 from app.auth import add_key
 from app.cache.buckets import bucket_of
-from app.cache.keys import AUDIT_KEY, BUCKETS_KEY, NAMESPACE, response_key
+from app.cache.keys import AUDIT_KEY, BUCKETS_KEY, NAMESPACE, RESPONSE_SECRET_KEY, verdict_key
 from tests.support import ADMIN_TOKEN, MODEL, FakeUpstream, ask, run_cli, scan, serve_strata, strata_settings
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}", "X-Strata-Operator": "tests"}
 TENANTS = tuple(f"shop-{i}" for i in range(8))
 GENERAL = {"X-Cache-Category": "general"}
 # Keys that belong to no bucket: single keys no script spans (app/cache/keys.py).
-GLOBAL_PREFIXES = (AUDIT_KEY, BUCKETS_KEY, f"{NAMESPACE}:meta:usage:", f"{NAMESPACE}:meta:tokens:", response_key(""))
+GLOBAL_PREFIXES = (AUDIT_KEY, BUCKETS_KEY, f"{NAMESPACE}:meta:usage:", f"{NAMESPACE}:meta:tokens:", verdict_key(""),
+                   RESPONSE_SECRET_KEY)
 
 
 @pytest.fixture(scope="module")

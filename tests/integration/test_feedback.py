@@ -8,21 +8,24 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 import redis
 
-from app.cache.keys import response_key
 from tests.support import FakeUpstream, ask, eventually, keyspace, scan, seed_pool, serve_strata, strata_settings
 
 LEARN = {"X-Cache-Category": "learn"}
 REPEAT = {"X-Cache-Category": "learn_repeat"}
+# Signed with the first; the second is a rotated secret still accepted (app/cache/receipts.py).
+SECRETS = (b"feedback-test-secret-new-0123456789", b"feedback-test-secret-old-0123456789")
 REFUND = "To get a refund, open the order page and press Refund; see guide 12."
 INVOICE = "Invoices are under Orders, Invoice, for any order older than a day; see guide 31."
 
 
 @pytest.fixture(scope="module")
 def feedback_strata(redis_url: str, fake_upstream: FakeUpstream, use_encoder: Any) -> Iterator[str]:
-    settings = strata_settings(redis_url, fake_upstream.url, semantic_enabled=True, learning_refresh_s=0.0)
+    settings = strata_settings(redis_url, fake_upstream.url, semantic_enabled=True, learning_refresh_s=0.0,
+                               response_id_secrets=",".join(s.decode() for s in SECRETS))
     with serve_strata(settings, use_encoder) as server:
         yield server.url
 
@@ -39,14 +42,20 @@ def strata(feedback_strata: str, redis_sync: redis.Redis, fake_upstream: FakeUps
 
 def semantic_hit(strata: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream, headers: dict[str, str],
                  cached: str, asked: str) -> httpx.Response:
-    """A miss for ``cached``, then ``asked`` served from it; its response record written."""
+    """A miss for ``cached``, then ``asked`` served from it."""
     fake_upstream.answers[cached] = REFUND
     assert ask(strata, cached, headers=headers).headers["x-cache"] == "miss"
     seed_pool(redis_sync, headers["X-Cache-Category"])
     served = ask(strata, asked, headers=headers)
     assert served.headers["x-cache"] == "semantic-hit", served.headers
-    assert eventually(lambda: redis_sync.exists(response_key(served.json()["id"])))
     return served
+
+
+def altered(response_id: str, position: int) -> str:
+    """The id with one character of its token changed."""
+    prefix, token = response_id[:9], response_id[9:]
+    swapped = "A" if token[position] != "A" else "B"
+    return prefix + token[:position] + swapped + token[position + 1:]
 
 
 def feedback(strata: str, response_id: Any, verdict: str = "wrong", key: str | None = None, **extra: Any) -> httpx.Response:
@@ -60,13 +69,51 @@ def test_a_hits_response_id_is_in_its_body_and_header_and_names_what_served_it(
     served = semantic_hit(strata, redis_sync, fake_upstream, LEARN, "怎么申请退款", "怎么申请退款呢")
     response_id = served.json()["id"]
     assert served.headers["x-cache-response-id"] == response_id and response_id.startswith("chatcmpl-")
-    record = {k.decode(): v.decode() for k, v in redis_sync.hgetall(response_key(response_id)).items()}
-    assert record["layer"] == "semantic" and record["tenant"] == "default" and record["category"] == "learn"
-    assert record["document"].startswith("strata:") and ":sem:" in record["document"]
-    assert abs(float(record["similarity"]) - float(served.headers["x-cache-similarity"])) < 1e-3
+    # The id is the receipt: opened with the service's secret, it names what served the hit.
+    from app.cache.receipts import ResponseIds
+
+    receipt = ResponseIds(SECRETS).open(response_id)
+    assert receipt.layer == "semantic" and receipt.tenant == "default" and receipt.category == "learn"
+    assert receipt.document.startswith("strata:") and ":sem:" in receipt.document and redis_sync.exists(receipt.document)
+    assert abs(receipt.similarity - float(served.headers["x-cache-similarity"])) < 1e-3
     # Every hit has a fresh id: the same question served again is another response.
     again = ask(strata, "怎么申请退款呢", headers=LEARN)
     assert again.json()["id"] != response_id
+
+
+def test_a_hit_writes_nothing_to_redis(strata: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream) -> None:
+    """Issue #32: an exact hit and a semantic hit (in a category that does not explore repeats)
+    leave the key count as it was: nothing that grows with traffic."""
+    semantic_hit(strata, redis_sync, fake_upstream, LEARN, "怎么查看物流", "怎么查看物流呢")
+    def keys() -> set[bytes]:  # the per-minute usage counts are one key a minute, whatever the traffic
+        return {k for k in scan(redis_sync, "strata:*") if b":meta:usage:" not in k}
+
+    before = keys()
+    for _ in range(5):
+        assert ask(strata, "怎么查看物流", headers=LEARN).headers["x-cache"] == "exact-hit"
+        assert ask(strata, "怎么查看物流呢", headers=LEARN).headers["x-cache"] == "semantic-hit"
+    assert keys() == before
+
+
+def test_an_altered_or_forged_id_is_refused(strata: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream) -> None:
+    served = semantic_hit(strata, redis_sync, fake_upstream, LEARN, "怎么改密码", "怎么改密码呢")
+    response_id = served.json()["id"]
+    token = response_id[9:]
+    for position in (0, len(token) // 3, len(token) // 2, len(token) - 1):
+        refused = feedback(strata, altered(response_id, position))
+        assert refused.status_code == 404 and refused.json()["error"]["code"] == "unknown_response", position
+    # Signed with another secret (a client's forgery): as unknown.
+    from app.cache.receipts import ResponseIds
+
+    forger = ResponseIds([b"not-the-service-secret-0123456789"])
+    receipt = ResponseIds(SECRETS).open(response_id)
+    forged = "chatcmpl-" + forger.seal(receipt)
+    assert feedback(strata, forged).status_code == 404
+    # Signed with the rotated secret (an id from before the rotation): still accepted.
+    rotated = ResponseIds(SECRETS[1:]).seal(msgspec.structs.replace(receipt, nonce="00" * 8))
+    assert feedback(strata, "chatcmpl-" + rotated, "right").status_code == 200
+    # The untouched id still works, in the Responses and Anthropic spellings too.
+    assert feedback(strata, "msg_" + token, "right").status_code == 200
 
 
 def test_wrong_vetoes_the_entry_at_that_similarity_at_once_and_is_audited(
@@ -114,7 +161,6 @@ def test_another_tenants_feedback_finds_nothing(redis_url: str, redis_sync: redi
         served = ask(server.url, "积分有什么用", key=shop)
         assert served.headers["x-cache"] == "exact-hit"
         response_id = served.json()["id"]
-        assert eventually(lambda: redis_sync.exists(response_key(response_id)))
         assert feedback(server.url, response_id, key=other).status_code == 404
         # Its own tenant: a wrong exact hit deletes that entry, so the model is asked again.
         done = feedback(server.url, response_id, key=shop)
@@ -127,9 +173,9 @@ def test_a_question_served_semantically_is_explored_when_asked_again(
     # learn_repeat: the fixture's learn with repeat_explore 1.0.
     served = semantic_hit(strata, redis_sync, fake_upstream, REPEAT, "怎么注销账户", "怎么注销账户啊")
     assert served.headers["x-cache"] == "semantic-hit"
-    # Written before the response record semantic_hit waited for (app/cache/feedback.py): there now.
-    # A single-node pattern: `scan` finds it in any bucket on a cluster.
-    assert scan(redis_sync, "strata:v1:served:*")
+    # Written after the response (app/cache/feedback.py). A single-node pattern: `scan` finds it
+    # in any bucket on a cluster.
+    assert eventually(lambda: scan(redis_sync, "strata:v1:served:*"))
     fake_upstream.answers["怎么注销账户啊"] = INVOICE  # another answer: the served one was wrong
     repeat = ask(strata, "怎么注销账户啊", headers=REPEAT)
     assert repeat.headers["x-cache"] == "miss" and repeat.json()["choices"][0]["message"]["content"] == INVOICE
@@ -167,3 +213,35 @@ def test_a_models_differing_answer_does_not_veto_a_curated_answer(
     assert eventually(counted)
     assert not any(redis_sync.hget(k, "wrong_above") for k in curated)
     assert not any(k.startswith(b"wrong:") for k in redis_sync.hgetall(strata_pool))
+
+
+def test_the_secret_kept_in_redis_is_shared_and_restored(redis_url: str, redis_sync: redis.Redis) -> None:
+    """Without STRATA_RESPONSE_ID_SECRETS, workers agree on the secret in Redis; a Redis that lost
+    it gets it back from a worker, whose earlier ids stay valid."""
+    import asyncio
+
+    from redis.asyncio import Redis as AsyncRedis
+
+    from app.cache.keys import RESPONSE_SECRET_KEY
+    from app.cache.receipts import Receipt, ResponseIds
+
+    async def go() -> None:
+        client = AsyncRedis.from_url(redis_url.replace("redis+cluster://", "redis://").split(",")[0])
+        try:
+            first, second = ResponseIds(), ResponseIds()
+            await first.adopt(client)
+            await second.adopt(client)
+            sample = Receipt(tenant="t", category="faq", version="v1", layer="exact", document="strata:v1:exact:x",
+                             root="strata:v1:exact:x", issued_at=int(__import__("time").time()), nonce="00" * 8)
+            assert second.open(first.seal(sample)) == sample
+            await client.delete(RESPONSE_SECRET_KEY)
+            await second.adopt(client)  # puts its own back
+            third = ResponseIds()
+            await third.adopt(client)
+            assert third.open(first.seal(sample)) == sample
+        finally:
+            await client.aclose()
+
+    if redis_url.startswith("redis+cluster://"):
+        pytest.skip("one node's client is enough for a single key; the cluster suite covers routing")
+    asyncio.run(go())
