@@ -80,6 +80,7 @@ def test_bad_policy_files_are_rejected_with_the_reason(tmp_path: Path, text: str
 def test_a_refused_connection_is_the_only_retryable_upstream_failure() -> None:
     import asyncio
 
+    import httpx
     import openai
 
     from app.upstream import _never_reached
@@ -93,7 +94,8 @@ def test_a_refused_connection_is_the_only_retryable_upstream_failure() -> None:
         raise AssertionError("port 1 answered")
 
     assert _never_reached(asyncio.run(refused()))
-    assert not _never_reached(openai.APITimeoutError(request=None))  # type: ignore[arg-type]
+    timed_out = openai.APITimeoutError(request=httpx.Request("POST", "http://127.0.0.1:1/v1/chat/completions"))
+    assert not _never_reached(timed_out)
 
 
 def test_a_policy_file_can_build_on_another_and_name_only_what_changes(tmp_path: Path) -> None:

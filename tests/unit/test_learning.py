@@ -69,16 +69,6 @@ def test_same_content_is_a_repeat_in_other_function_words() -> None:
     assert not verifier.same_content("的", "了")  # no content at all says nothing
 
 
-def test_a_response_record_reads_back_as_written() -> None:
-    from app.cache.feedback import Served
-
-    served = Served(tenant="shop", user="u1", category="faq", version="v3", layer="semantic",
-                    document="strata:v3:sem:" + "a" * 64, root="strata:v3:sem:" + "b" * 64, similarity=0.91234,
-                    score_bin=97, source="faq")
-    raw = {k.encode(): str(v).encode() for k, v in served.to_hash().items()}
-    assert Served.from_hash(raw) == msgspec.structs.replace(served, similarity=0.9123)
-
-
 def completion(text: str) -> bytes:
     return msgspec.json.encode({"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]})
 
