@@ -168,13 +168,18 @@ def seed_evidence(redis_url: str, category: str) -> None:
     client.close()
 
 
-def wrk(url: str, bodies: list[str], concurrency: int, duration: int, name: str, category: str) -> Run:
+def wrk(url: str, bodies: list[str], concurrency: int, duration: int, name: str, category: str, *,
+        limit: int = 0) -> Run:
+    """One wrk run rotating ``bodies``; with ``limit``, it stops after that many responses (split
+    over its threads), else after ``duration`` seconds."""
     with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False, encoding="utf-8") as handle:
         handle.write("\n".join(bodies) + "\n")
         path = handle.name
     threads = 1 if concurrency == 1 else 2
     command = ["wrk", f"-t{threads}", f"-c{concurrency}", f"-d{duration}s", "--latency",
                "-s", str(ROOT / "bench" / "wrk_rotate.lua"), url, "--", path, category]
+    if limit:
+        command.append(str(-(-limit // threads)))
     output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
     os.unlink(path)
     latency = dict(re.findall(r"(p\d+)=(\d+)", re.search(r"LATENCY_US (.*)", output).group(1)))  # type: ignore[union-attr]

@@ -1,6 +1,8 @@
 -- wrk script: POST the request bodies of a file (one JSON per line) in turn, and count the
 -- X-Cache value and status of every response so the report can prove hits were hits.
---   wrk ... -s bench/wrk_rotate.lua URL -- BODIES_FILE CATEGORY
+--   wrk ... -s bench/wrk_rotate.lua URL -- BODIES_FILE CATEGORY [REQUESTS_PER_THREAD]
+-- With REQUESTS_PER_THREAD, each thread stops sending after that many responses (wrk itself
+-- still runs for its duration).
 local threads = {}
 
 function setup(thread)
@@ -13,6 +15,8 @@ function init(args)
     if #line > 0 then table.insert(bodies, line) end
   end
   category = args[2] or "faq"
+  limit = tonumber(args[3] or "0")
+  answered = 0
   index = math.random(#bodies)
   counts = {}
 end
@@ -26,6 +30,8 @@ end
 function response(status, headers, body)
   local key = tostring(status) .. ":" .. (headers["X-Cache"] or headers["x-cache"] or "none")
   counts[key] = (counts[key] or 0) + 1
+  answered = answered + 1
+  if limit > 0 and answered >= limit then wrk.thread:stop() end
 end
 
 function done(summary, latency, requests)
