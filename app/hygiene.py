@@ -8,6 +8,7 @@ per distinct prompt, or refuse the request (``STRATA_PROMPT_HYGIENE=reject``).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import re
@@ -20,11 +21,13 @@ import yaml
 logger = logging.getLogger("strata.hygiene")
 
 
+@functools.lru_cache(maxsize=4096)
 def prefix_salt(tenant: str, user: str | None = None) -> str:
     """The ``cache_salt`` vLLM keeps a tenant's prefix-cache blocks apart by (and a user's, in a
     per-user category): equal for one tenant's requests on every worker, so they still share
     their system prompt's blocks, and different across tenants, so that no tenant can time whether
-    another's prompt is cached. Strata sets it; a client's own ``cache_salt`` is replaced."""
+    another's prompt is cached. Strata sets it; a client's own ``cache_salt`` is replaced.
+    Memoised: one hash per tenant and user, not per request."""
     scope = tenant if user is None else f"{tenant}\0{user}"
     return hashlib.sha256(b"strata-prefix-salt\0" + scope.encode()).hexdigest()[:32]
 

@@ -25,6 +25,7 @@ import binascii
 import hashlib
 import hmac
 import logging
+import os
 import re
 import secrets
 import time
@@ -48,7 +49,7 @@ _LAYER_NAMES = {v: k for k, v in _LAYERS.items()}
 _SOURCES = {"model": "m", "faq": "f"}
 _SOURCE_NAMES = {v: k for k, v in _SOURCES.items()}
 # Keys end with a sha256 digest: carried as its 32 bytes, not 64 hex characters.
-_DIGEST_TAIL = re.compile(r"^(.*?)([0-9a-f]{64})$")
+_HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
 _DOMAIN = b"strata-response-id\x00"
 
 
@@ -119,10 +120,11 @@ _decoder = msgspec.msgpack.Decoder(_Packed)
 
 
 def _split(key: str) -> tuple[str, bytes]:
-    found = _DIGEST_TAIL.match(key)
-    if found is None:
+    """A key as (prefix, digest bytes) when it ends with a lowercase sha256 hex digest."""
+    tail = key[-64:]
+    if len(key) < 64 or not _HEX_DIGEST.fullmatch(tail):
         return key, b""
-    return found.group(1), bytes.fromhex(found.group(2))
+    return key[:-64], bytes.fromhex(tail)
 
 
 def _join(prefix: str, digest: bytes) -> str:
@@ -130,15 +132,22 @@ def _join(prefix: str, digest: bytes) -> str:
 
 
 def _pack(receipt: Receipt) -> bytes:
-    document_prefix, document_digest = _split(receipt.document)
-    root_prefix, root_digest = _split(receipt.root)
+    return _pack_fields(receipt.tenant, receipt.user, receipt.category, receipt.version, receipt.layer,
+                        receipt.document, receipt.root, receipt.similarity, receipt.score_bin, receipt.source,
+                        receipt.issued_at, bytes.fromhex(receipt.nonce))
+
+
+def _pack_fields(tenant: str, user: str, category: str, version: str, layer: str, document: str, root: str,
+                 similarity: float, score_bin: int, source: str, issued_at: int, nonce: bytes) -> bytes:
+    """The payload of :class:`_Packed`, encoded from a tuple (msgspec writes both as one array):
+    the hit path builds no struct."""
+    document_prefix, document_digest = _split(document)
+    root_prefix, root_digest = _split(root)
     if root_prefix == document_prefix and root_digest:
         root_prefix = ""
-    return _encoder.encode(_Packed(
-        receipt.tenant, receipt.user, receipt.category, receipt.version, _LAYERS.get(receipt.layer, receipt.layer),
-        document_prefix, document_digest, root_prefix, root_digest, round(receipt.similarity * 1000),
-        receipt.score_bin, _SOURCES.get(receipt.source, receipt.source), receipt.issued_at,
-        bytes.fromhex(receipt.nonce)))
+    return _encoder.encode((tenant, user, category, version, _LAYERS.get(layer, layer), document_prefix,
+                            document_digest, root_prefix, root_digest, round(similarity * 1000), score_bin,
+                            _SOURCES.get(source, source), issued_at, nonce))
 
 
 def _unpack(payload: bytes) -> Receipt:
@@ -186,6 +195,7 @@ class ResponseIds:
     def __init__(self, configured: Sequence[bytes] = (), ttl_s: int = 86_400) -> None:
         self._secrets: dict[int, bytes] = {}
         self._signing: tuple[int, bytes] | None = None
+        self._signer: hmac.HMAC | None = None  # the signing key's HMAC state after the domain: copied per id
         self.ttl_s = ttl_s
         for secret in configured:
             self._add(secret)
@@ -196,6 +206,7 @@ class ResponseIds:
         self._secrets.setdefault(sid, secret)
         if self._signing is None or signing:
             self._signing = (sid, secret)
+            self._signer = hmac.new(secret, _DOMAIN, hashlib.sha256)
 
     @property
     def ready(self) -> bool:
@@ -227,14 +238,24 @@ class ResponseIds:
         """The id of a hit's response: a signed receipt, or a plain id while no secret is known."""
         if not self.ready:
             return CHAT_PREFIX + uuid.uuid4().hex
-        return CHAT_PREFIX + self.seal(Receipt.of(query, hit))
+        # Receipt.of and seal in one, without the struct: this runs on every hit.
+        document = hit.document or hit.key or ""
+        payload = _pack_fields(query.canonical.tenant, query.canonical.user or "", query.category.name, query.version,
+                               hit.layer, document, hit.key or document,
+                               hit.similarity if hit.similarity is not None else 1.0, hit.score_bin or 0, hit.source,
+                               int(time.time()), os.urandom(NONCE_BYTES))
+        return CHAT_PREFIX + self._sign(payload)
 
     def seal(self, receipt: Receipt) -> str:
         """The token of a receipt (what follows ``chatcmpl-``)."""
-        assert self._signing is not None
-        sid, secret = self._signing
-        body = bytes([sid]) + _pack(receipt)
-        tag = hmac.new(secret, _DOMAIN + body, hashlib.sha256).digest()[:TAG_BYTES]
+        return self._sign(_pack(receipt))
+
+    def _sign(self, payload: bytes) -> str:
+        assert self._signing is not None and self._signer is not None
+        body = bytes((self._signing[0],)) + payload
+        mac = self._signer.copy()
+        mac.update(body)
+        tag = mac.digest()[:TAG_BYTES]
         return base64.urlsafe_b64encode(body + tag).rstrip(b"=").decode("ascii")
 
     def open(self, response_id: str, *, now: float | None = None) -> Receipt:
@@ -258,7 +279,7 @@ class ResponseIds:
         secret = self._secrets.get(body[0])
         if secret is None:
             raise InvalidReceipt("signed with a secret this service does not hold")
-        expected = hmac.new(secret, _DOMAIN + body, hashlib.sha256).digest()[:TAG_BYTES]
+        expected = hmac.digest(secret, _DOMAIN + body, "sha256")[:TAG_BYTES]
         if not hmac.compare_digest(expected, tag):
             raise InvalidReceipt("altered, or not ours")
         try:
