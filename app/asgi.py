@@ -19,6 +19,7 @@ from app.api.protocols import MessagesController, ResponsesController
 from app.embed import Encoder
 from app.errors import EXCEPTION_HANDLERS
 from app.lifespan import Resources, build_resources, lifespan
+from app.readers.base import Reader
 from app.settings import Settings
 
 
@@ -27,12 +28,13 @@ def _resources(request: Request[Any, Any, Any]) -> Resources:
     return resources
 
 
-def create_app(settings: Settings | None = None, encoder: Encoder | None = None) -> Litestar:
+def create_app(settings: Settings | None = None, encoder: Encoder | None = None, reader: Reader | None = None) -> Litestar:
     """Build the Strata app.
 
     Args:
         settings: The settings; read from the environment when omitted.
         encoder: A loaded embedding model to share (tests); the configured one is loaded when omitted.
+        reader: The grey zone's reader (simulated replays' oracle); the configured one when omitted.
 
     Returns:
         The Litestar application; its resources are built when it starts.
@@ -47,6 +49,6 @@ def create_app(settings: Settings | None = None, encoder: Encoder | None = None)
         dependencies={"resources": Provide(_resources, sync_to_thread=False)},
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=[lifespan],
-        state=State({"resources_factory": lambda: build_resources(settings, encoder)}),
+        state=State({"resources_factory": lambda: build_resources(settings, encoder, reader)}),
         request_max_body_size=settings.limits.max_body_bytes,
     )

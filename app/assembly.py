@@ -38,6 +38,9 @@ from app.embed import BatchingEmbedder, Encoder, load_encoder
 from app.metrics import Metrics
 from app.pipeline import ChatPipeline
 from app.policy import Policy
+from app.readers.base import Reader
+from app.readers.llm import LLMJudge
+from app.readers.queue import ReadQueue
 from app.relay import Relay
 from app.settings import Settings
 from app.singleflight import SingleFlight
@@ -59,12 +62,16 @@ class SemanticParts:
         verifier: The guards and the learned verifier (its analyzer compares answers too).
         check: Verification as the semantic layer runs it (counts every verdict).
         judge: The LLM judge of categories that ask for one; ``None`` in tools that never judge.
+        reader: The grey zone's reader (app/readers); ``None``: none configured.
+        reads: Its reads after the response, shared by every bucket of the worker.
     """
 
     embedder: BatchingEmbedder
     verifier: PairVerifier
     check: CandidateCheck
     judge: AnswerJudge | None = None
+    reader: Reader | None = None
+    reads: ReadQueue | None = None
 
     def close(self) -> None:
         self.embedder.close()
@@ -124,7 +131,8 @@ class CacheParts:
         return self.each[0].semantic if self.each else None
 
 
-def semantic_parts(settings: Settings, encoder: Encoder, metrics: Metrics, upstream: Upstream | None) -> SemanticParts:
+def semantic_parts(settings: Settings, encoder: Encoder, metrics: Metrics, upstream: Upstream | None,
+                   reader: Reader | None = None) -> SemanticParts:
     """The semantic layer's shared parts over a loaded embedding model.
 
     Args:
@@ -132,6 +140,7 @@ def semantic_parts(settings: Settings, encoder: Encoder, metrics: Metrics, upstr
         encoder: The embedding model.
         metrics: Where embedding batches and verdicts are counted.
         upstream: The model server the judge asks; ``None``: no judge (tools).
+        reader: The grey zone's reader; ``None``: the LLM judge at ``judge_url`` if set, else none.
     """
     options = settings.semantic
 
@@ -145,7 +154,15 @@ def semantic_parts(settings: Settings, encoder: Encoder, metrics: Metrics, upstr
     )
     verifier = load_verifier(settings)
     judge = AnswerJudge(upstream, options.judge_timeout_s, options.judge_model) if upstream is not None else None
-    return SemanticParts(embedder, verifier, CandidateCheck(verifier, confirm=judge, on_verdict=metrics.verdict), judge)
+    if reader is None and options.judge_url:
+        reader = LLMJudge(options.judge_url, options.judge_model, options.judge_timeout_s, options.judge_api_key)
+    reads = None
+    if reader is not None:
+        reads = ReadQueue(reader, options.reader_max_pending,
+                          on_read=lambda name, verdict: metrics.reader_verdicts.labels(name, "after", verdict).inc(),
+                          on_pending=metrics.judge_pending.set)
+    return SemanticParts(embedder, verifier, CandidateCheck(verifier, confirm=judge, on_verdict=metrics.verdict), judge,
+                         reader, reads)
 
 
 def response_ids(settings: Settings) -> ResponseIds:
@@ -180,10 +197,11 @@ def assemble(settings: Settings, policy: Policy, buckets: Buckets, metrics: Metr
             semantic = SemanticCache(redis, parts.embedder, settings.resolve(options.index_schema), parts.check,
                                      learning_refresh_s=options.learning_refresh_s, keys=keys,
                                      pool_sources=[(b.redis, b.keys) for b in buckets.all],
-                                     max_question_chars=options.semantic_max_question_chars)
+                                     max_question_chars=options.semantic_max_question_chars, reader=parts.reader,
+                                     on_read=lambda name, verdict: metrics.reader_verdicts.labels(name, "now", verdict).inc())
             layers.append(semantic)
             learner = AnswerLearner(redis, parts.embedder, parts.verifier.analyzer, judge=parts.judge,
-                                    documents_of=semantic.documents_of, keys=keys)
+                                    documents_of=semantic.documents_of, keys=keys, reads=parts.reads)
         served = ServedQuestions(redis, keys)
         cache = LayeredCache(versions, layers, metrics, lookup_timeout_s=settings.lookup_timeout_s,
                              judge_timeout_s=options.judge_timeout_s, learner=learner,

@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from app.calibrate.pairs import QQP_POOL_SIZE
 from app.console import fail
@@ -288,6 +288,12 @@ def cmd_replay_run(args: argparse.Namespace, settings: Settings) -> int:
         return fail(str(exc))
     if not 0.0 <= args.feedback <= 1.0:
         return fail("--feedback is a share, from 0 to 1")
+    if not 0.0 <= args.judge_error <= 1.0:
+        return fail("--judge-error is a share, from 0 to 1")
+    if args.judge_error and not args.judge:
+        args.judge = "oracle"  # the error is the oracle's
+    if args.judge and not args.simulate:
+        return fail("--judge goes with --simulate; a running Strata reads with STRATA_JUDGE_URL")
     if args.category not in categories:
         return fail(f"unknown category {args.category!r}; known: {', '.join(sorted(categories))}")
     started = time.perf_counter()
@@ -304,12 +310,15 @@ def cmd_replay_run(args: argparse.Namespace, settings: Settings) -> int:
     if args.simulate:
         from app.replay.simulate import run_simulated
 
-        report = run_simulated(stream, settings=settings, category=args.category, faq=faq, feedback=args.feedback)
+        report = run_simulated(stream, settings=settings, category=args.category, faq=faq, feedback=args.feedback,
+                               judge=args.judge, judge_error=args.judge_error)
         where = "simulated (own Redis Stack, labelled upstream, in-process Strata)"
     else:
         async def go() -> Report:
             async with httpx.AsyncClient(base_url=args.url, timeout=300) as client:
-                return await replay(stream, client, model=args.model, category=args.category, feedback=args.feedback)
+                settle = (lambda: reads_settled(client)) if args.settle else None
+                return await replay(stream, client, model=args.model, category=args.category, feedback=args.feedback,
+                                    after_each=settle)
 
         try:
             report = asyncio.run(go())
@@ -324,6 +333,21 @@ def cmd_replay_run(args: argparse.Namespace, settings: Settings) -> int:
         plot(report, args.window, Path(args.plot), f"{Path(args.stream).name}: {args.category}")
         print(f"learning curve: {args.plot}")
     return 0
+
+
+SETTLE_TIMEOUT_S = 60.0
+
+
+async def reads_settled(client: Any) -> None:
+    """Wait until the reader's reads after the response are done (``strata_judge_pending`` 0 on
+    /metrics), at most ``SETTLE_TIMEOUT_S``."""
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    while time.monotonic() < deadline:
+        text = (await client.get("/metrics")).text
+        pending = [float(line.split()[-1]) for line in text.splitlines() if line.startswith("strata_judge_pending")]
+        if not any(pending):
+            return
+        await asyncio.sleep(0.05)
 
 
 def cmd_faq_load(args: argparse.Namespace, settings: Settings) -> int:
@@ -470,6 +494,12 @@ def parser() -> argparse.ArgumentParser:
     run_step.add_argument("--faq", help="with --simulate: a curated-answer file to load first (strata replay faq)")
     run_step.add_argument("--feedback", type=float, default=0.0, metavar="RATE",
                           help="share of wrong semantic hits the asker reports with POST /v1/feedback (0 to 1)")
+    run_step.add_argument("--judge", choices=("oracle",), default="",
+                          help="with --simulate: the grey zone's reader answers from the stream's labels")
+    run_step.add_argument("--judge-error", type=float, default=0.0, metavar="P",
+                          help="with --simulate: the oracle judge is wrong on this share of the pairs it reads")
+    run_step.add_argument("--settle", action="store_true",
+                          help="with --url: after each request, wait until strata_judge_pending on /metrics is 0")
     run_step.set_defaults(run=cmd_replay_run)
     faq_step = replay_steps.add_parser("faq", help="write a curated-answer file of CLINC150 train utterances for replays")
     faq_step.add_argument("--out", required=True, help="YAML file to write")

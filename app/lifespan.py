@@ -35,6 +35,7 @@ from app.limits import TenantRateLimiter
 from app.metrics import Metrics
 from app.pipeline import ChatPipeline
 from app.policy import Policy
+from app.readers.base import Reader
 from app.settings import Settings
 from app.upstream import Upstream
 
@@ -88,7 +89,7 @@ class Resources:
         task.add_done_callback(_done)
 
 
-async def build_resources(settings: Settings, encoder: Encoder | None = None) -> Resources:
+async def build_resources(settings: Settings, encoder: Encoder | None = None, reader: Reader | None = None) -> Resources:
     """Build every resource of one worker.
 
     On a cluster that does not answer at start-up the cache parts are built once it does
@@ -97,6 +98,7 @@ async def build_resources(settings: Settings, encoder: Encoder | None = None) ->
     Args:
         settings: The settings.
         encoder: An already loaded embedding model to use instead of loading the configured one.
+        reader: The grey zone's reader to use instead of the configured one (simulated replays).
     """
     policy = Policy.load(settings.resolve(settings.policy_file))
     upstream = Upstream(settings.upstream)
@@ -110,7 +112,7 @@ async def build_resources(settings: Settings, encoder: Encoder | None = None) ->
             encoder = await asyncio.to_thread(load_encoder, options.embedder, options.embedder_model)
         # A model's first run is slow (allocation, lazy init): do it now, not in a request's lookup.
         await asyncio.to_thread(encoder.encode, ["warm-up"])
-        parts = semantic_parts(settings, encoder, metrics, upstream)
+        parts = semantic_parts(settings, encoder, metrics, upstream, reader)
     try:
         buckets = await open_buckets(settings.redis)
     except ClusterUnavailable as exc:

@@ -131,6 +131,15 @@ class Metrics:
             "1 while the cache's latest write failed and none has succeeded since (Redis full, read-only, ...)",
             registry=r, multiprocess_mode="max",
         )
+        self.reader_verdicts = Counter(
+            "strata_reader_verdicts", "Verdicts of the grey zone's reader (app/readers), by reader, when it was "
+            "asked (now: on the request path; after: off it) and verdict (yes, no, failed, dropped)",
+            ["reader", "when", "verdict"], registry=r,
+        )
+        self.judge_pending = Gauge(
+            "strata_judge_pending", "Reads of the grey zone's reader in flight after the response",
+            registry=r, multiprocess_mode="livesum",
+        )
         self.learned_max_tokens = Gauge(
             "strata_learned_max_tokens", "L4: the max_tokens learnt per category for requests that name none",
             ["category"], registry=r, multiprocess_mode="mostrecent",

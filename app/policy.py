@@ -48,6 +48,17 @@ class SemanticPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     # are the riskier ones, and a wrong one found this way vetoes the entry there, so a question
     # served wrongly is not served wrongly on all its repeats. Costs reach (docs/QUALITY.md).
     entry_explore: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.0
+    # The entry record vouches only at scores where the tenant's pool has measured it: among the
+    # candidates it vouched for at that score or above (each sent upstream until then, then
+    # explored at `entry_explore`), the Wilson upper bound of the wrong share is at most the
+    # bound. A domain whose records are not safe at 0.75 never learns to trust them there.
+    entry_evidence: bool = False
+    # A reader of the grey zone (app/readers: STRATA_JUDGE_URL, `--judge` in a simulated replay):
+    # "serve" asks it, with a deadline, about a candidate the pool and the record refused, and
+    # serves on its yes where its yes was measured wrong less often than the bound; elsewhere
+    # (and with "measure") it is asked after the response, off the request path, and its verdict
+    # is counted against the model's answer. "off": never asked.
+    reader: Literal["off", "measure", "serve"] = "off"
     # Share of would-be hits of a question already served semantically once (asked again) sent
     # upstream anyway: a wrong answer served to it is found on a repeat instead of repeated
     # silently, and the explored repeat's fresh answer is stored exactly, so it costs at most

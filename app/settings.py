@@ -88,6 +88,13 @@ class SemanticSettings(msgspec.Struct, frozen=True, kw_only=True):
     # (empty: the model the request names) and how long to wait before rejecting the candidate.
     judge_model: str = field(default="", name="judge_model")
     judge_timeout_s: float = field(default=5.0, name="judge_timeout_s")
+    # The grey zone's reader (app/readers, issue #33): an OpenAI-compatible endpoint whose chat model
+    # judges candidate pairs for categories with `semantic.reader` (empty: no reader). The model is
+    # `judge_model`, else the endpoint's first; its bearer token `judge_api_key`.
+    judge_url: str = field(default="", name="judge_url")
+    judge_api_key: str = field(default="", name="judge_api_key")
+    # Reads after the response in flight per worker (a quarter of them per tenant at most).
+    reader_max_pending: int = field(default=64, name="reader_max_pending")
     # How long a worker reuses an adaptive category's pooled observations before reading them again.
     learning_refresh_s: float = field(default=1.0, name="learning_refresh_s")
     # Observations (and async judge calls) in flight per worker; beyond it new ones are dropped.

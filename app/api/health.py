@@ -6,6 +6,7 @@ import asyncio
 import hmac
 from typing import Any
 
+import msgspec
 from litestar import Controller, Request, Response, get
 
 from app.cache.base import CACHE_ERRORS
@@ -93,7 +94,17 @@ class HealthController(Controller):
                 "observed_wrong": figures.observed_wrong, "explored": figures.explored,
                 "explored_wrong": figures.explored_wrong, "error_estimate": figures.error_estimate,
                 "error_upper_bound": upper, "status": figures.status,
+                "record": msgspec.to_builtins(figures.record),
             }
+            reader = resources.cache.semantic.adaptive.reader
+            if figures.reader is not None and reader is not None and policy.reader != "off":
+                # Trusted only where measured; "ignored" when measured and wrong too often everywhere.
+                report[name]["reader"] = {"name": reader.name, "mode": policy.reader,
+                                          **msgspec.to_builtins(figures.reader),
+                                          "no_but_right": figures.reader_no[0], "no_and_wrong": figures.reader_no[1]}
+                if figures.reader.status == "ignored":
+                    warnings.append(f"category {name}: reader {reader.name} is ignored: its yes was wrong "
+                                    f"{figures.reader.wrong} times in {figures.reader.vouched}")
             if figures.status == "above_bound":
                 warnings.append(f"category {name}: served semantic hits may be wrong more often than "
                                 f"{figures.error_bound:g} (upper bound {upper:.3f} from {figures.explored} explored hits)")

@@ -29,7 +29,7 @@ import math
 import random
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from statistics import NormalDist
 
 import msgspec
@@ -50,14 +50,33 @@ from app.cache.keys import (
     OBS_GUARD_OK,
     OBS_GUARD_WRONG,
     OBS_OK,
+    OBS_READER_NO_OK,
+    OBS_READER_NO_WRONG,
+    OBS_READER_OK,
+    OBS_READER_WRONG,
+    OBS_RECORD_OK,
+    OBS_RECORD_WRONG,
     OBS_WRONG,
     SOURCE_MODEL,
+    VOUCH_READER,
+    VOUCH_RECORD,
     Keyspace,
     as_text,
     observation_field,
 )
-from app.cache.verify import ABOVE_BAND, ENTRY_RECORD, OUTSIDE_BOUND, WITHIN_BOUND, WRONG_BEFORE, CandidateCheck
+from app.cache.verify import (
+    ABOVE_BAND,
+    ENTRY_RECORD,
+    OUTSIDE_BOUND,
+    READER_ACCEPTED,
+    READER_REJECTED,
+    RECORD_UNPROVEN,
+    WITHIN_BOUND,
+    WRONG_BEFORE,
+    CandidateCheck,
+)
 from app.policy import SemanticPolicy
+from app.readers.base import READ_FAILED, READ_NO, READ_YES, Reader, ReadPair
 
 # Score bins are hundredths; a score stays below 1.5 (similarity <= 1, half a margin <= 0.5).
 BINS = 160
@@ -74,6 +93,9 @@ ENTRY_WRONG_OUTWEIGHED_BY = 2
 # Other entries of model answers handed to the learner with a candidate: the nearest few are
 # where a second entry of the same answer would be.
 NEIGHBOURS = 3
+# Answers a reader on the request path reads per lookup: the nearest, and the next one if it
+# said no to the nearest (twins sit close together, and the right answer is often second).
+READS_PER_LOOKUP = 2
 
 
 def decision_score(similarity: float, other_answer_similarity: float | None, floor: float) -> float:
@@ -109,29 +131,45 @@ def z_of(confidence: float) -> float:
     return NormalDist().inv_cdf(confidence)
 
 
+# Per-bin kinds of a pool: the answered misses' own, and those of the rules that vouch beside it.
+_BINNED_KINDS = (OBS_OK, OBS_WRONG, OBS_RECORD_OK, OBS_RECORD_WRONG, OBS_READER_OK, OBS_READER_WRONG)
+# Each vouching rule's (right, wrong) kinds.
+VOUCH_KINDS = {VOUCH_RECORD: (OBS_RECORD_OK, OBS_RECORD_WRONG), VOUCH_READER: (OBS_READER_OK, OBS_READER_WRONG)}
+
+
 class PooledCounts:
     """A category's pooled observations as suffix sums: ``ok[b]`` is the number of equivalent
-    observations with a score bin of at least ``b``.
+    observations with a score bin of at least ``b``; the same for each vouching rule's outcomes.
 
     Args:
-        fields: The pool's hash fields (``ok:<bin>``, ``wrong:<bin>``, ``explored_ok``, ...) and counts.
+        fields: The pool's hash fields (``ok:<bin>``, ``wrong:<bin>``, ``record_ok:<bin>``,
+            ``explored_ok``, ...) and counts.
     """
 
     def __init__(self, fields: dict[str, int]) -> None:
-        ok, wrong = np.zeros(BINS + 1), np.zeros(BINS + 1)
+        binned = {kind: np.zeros(BINS + 1) for kind in _BINNED_KINDS}
         for name, count in fields.items():
             kind, _, number = name.partition(":")
-            if number.isdigit() and int(number) < BINS and kind in (OBS_OK, OBS_WRONG):
-                (ok if kind == OBS_OK else wrong)[int(number)] += count
-        self.ok = np.cumsum(ok[::-1])[::-1]
-        self.wrong = np.cumsum(wrong[::-1])[::-1]
+            if number.isdigit() and int(number) < BINS and kind in binned:
+                binned[kind][int(number)] += count
+        self._suffix = {kind: np.cumsum(counts[::-1])[::-1] for kind, counts in binned.items()}
+        self.ok, self.wrong = self._suffix[OBS_OK], self._suffix[OBS_WRONG]
         self.explored_ok = fields.get(OBS_EXPLORED_OK, 0)
         self.explored_wrong = fields.get(OBS_EXPLORED_WRONG, 0)
+        self.reader_no_ok = fields.get(OBS_READER_NO_OK, 0)
+        self.reader_no_wrong = fields.get(OBS_READER_NO_WRONG, 0)
 
     def at_or_above(self, bin_: int) -> tuple[int, int]:
         """(wrong, total) of the observations at this score bin or higher."""
         wrong = int(self.wrong[bin_])
         return wrong, wrong + int(self.ok[bin_])
+
+    def vouched_at_or_above(self, rule: str, bin_: int) -> tuple[int, int]:
+        """(wrong, total) of the candidates a rule (``record``, ``reader``) vouched for at this
+        score bin or higher, counted against the model's answer."""
+        ok_kind, wrong_kind = VOUCH_KINDS[rule]
+        wrong = int(self._suffix[wrong_kind][bin_])
+        return wrong, wrong + int(self._suffix[ok_kind][bin_])
 
 
 class PooledObservations:
@@ -193,6 +231,15 @@ def prior_has_evidence(counts: PooledCounts, bin_: int, policy: SemanticPolicy) 
     1 / error_bound observations (fewer cannot tell a wrong share of error_bound from none)."""
     assert policy.error_bound is not None
     return counts.at_or_above(bin_)[1] >= math.ceil(1 / policy.error_bound)
+
+
+def rule_trusted(counts: PooledCounts, rule: str, bin_: int, policy: SemanticPolicy) -> bool:
+    """Whether a vouching rule has been measured right often enough at this score or above:
+    the Wilson upper bound of the wrong share of what it vouched for there is at most the bound
+    (about 110 clean verdicts at the shipped 1% and 85% confidence)."""
+    assert policy.error_bound is not None
+    wrong, total = counts.vouched_at_or_above(rule, bin_)
+    return wilson_upper(wrong, total, z_of(policy.confidence)) <= policy.error_bound
 
 
 def entry_record_fields(floor: float, bin_: int) -> list[str]:
@@ -288,6 +335,37 @@ class Serve(msgspec.Struct, frozen=True, kw_only=True):
     score_bin: int
 
 
+class RuleFigures(msgspec.Struct, frozen=True, kw_only=True):
+    """How a rule that vouches beside the pool (the entry record, the reader) has fared in a
+    category, every tenant together (a tenant's own pool decides for its requests).
+
+    Attributes:
+        vouched: Candidates it vouched for (the record) or said yes to (the reader), answered by
+            the model (while it was measured, or explored since).
+        wrong: Of them, with another answer than the candidate's.
+        trusted_from: The lowest score from which it is trusted (``None``: nowhere yet).
+        status: ``measuring`` (fewer than 1 / error_bound verdicts), ``trusted`` (somewhere in
+            the band) or ``ignored`` (measured, and wrong too often at every score).
+    """
+
+    vouched: int
+    wrong: int
+    trusted_from: float | None
+    status: str
+
+
+def rule_figures(counts: PooledCounts, rule: str, policy: SemanticPolicy) -> RuleFigures:
+    """A rule's figures in a pool (see :class:`RuleFigures`)."""
+    assert policy.error_bound is not None
+    start = score_bin(policy.threshold)
+    wrong, total = counts.vouched_at_or_above(rule, start)
+    trusted = next((b for b in range(start, BINS) if counts.vouched_at_or_above(rule, b)[1]
+                    and rule_trusted(counts, rule, b, policy)), None)
+    status = "trusted" if trusted is not None else "measuring" if total < 1 / policy.error_bound else "ignored"
+    return RuleFigures(vouched=total, wrong=wrong, trusted_from=None if trusted is None else trusted / 100,
+                       status=status)
+
+
 class Precision(msgspec.Struct, frozen=True, kw_only=True):
     """An adaptive category's live figures, every tenant's observations together.
 
@@ -301,6 +379,9 @@ class Precision(msgspec.Struct, frozen=True, kw_only=True):
             (``None`` before the first explored hit).
         status: ``too_few_explored`` (below 1/bound explored hits even a clean record cannot
             show the bound holds), ``above_bound`` or ``within_bound``.
+        record: How the entry record's vouching fared.
+        reader: How the reader's yes fared (``None`` without a reader).
+        reader_no: The reader's no: (the answer was the candidate's after all, it was not).
     """
 
     error_bound: float
@@ -310,6 +391,9 @@ class Precision(msgspec.Struct, frozen=True, kw_only=True):
     explored_wrong: int
     error_upper_bound: float | None
     status: str
+    record: RuleFigures | None = None
+    reader: RuleFigures | None = None
+    reader_no: tuple[int, int] = (0, 0)
 
     @property
     def error_estimate(self) -> float | None:
@@ -327,15 +411,20 @@ class AdaptiveDecision:
         seed: Seed of the exploration draws: random across questions and across repeats of one
             question (a question served wrongly is checked again), and seeded, so that a replay
             of a stream in one process makes the same draws every time.
+        reader: The reader of the grey zone (app/readers); ``None``: none, whatever the policy says.
+        on_read: Counts a synchronous reader's verdict ``(reader name, yes|no|failed)``.
     """
 
     def __init__(self, redis: Redis, check: CandidateCheck, pooled: PooledObservations, *, seed: int = 0,
-                 keys: Keyspace = KEYS) -> None:
+                 keys: Keyspace = KEYS, reader: Reader | None = None,
+                 on_read: Callable[[str, str], None] | None = None) -> None:
         self._redis = redis
         self._keys = keys
         self._check = check
         self.pooled = pooled
         self._explore = random.Random(seed)
+        self.reader = reader
+        self._on_read = on_read or (lambda reader, verdict: None)
 
     async def decide(self, query: CacheQuery, question: str, rows: Sequence[Nearest]) -> Serve | Candidate | None:
         """Decide on the nearest candidate the guards let through.
@@ -354,11 +443,15 @@ class AdaptiveDecision:
         """
         policy = query.category.semantic
         turned_down: Candidate | None = None
+        refused: Candidate | None = None  # the nearest one the reader said no to: what the miss learns from
+        read_no: set[str] = set()  # entries the reader said no to
         for row in rows:
             if row.similarity < policy.threshold:
                 break
             check_row(row)
             root = root_of(row)
+            if root in read_no:
+                continue  # another document of an answer the reader refused
             guard = self._check.guard(question, row.fields[FIELD_QUESTION]) or ""
             lifted = bool(guard) and await self._guard_lifted(root, guard, policy)
             if guard and not lifted:
@@ -369,8 +462,14 @@ class AdaptiveDecision:
             others = [other.similarity for other in rows if root_of(other) != root]
             score = decision_score(row.similarity, max(others) if others else None, policy.threshold)
             bin_ = score_bin(score)
-            verdict = await self._verdict(query, question, row, root, bin_, score)
+            verdict, vouched = await self._verdict(query, question, row, root, bin_, score)
+            read = False
+            if not verdict.accepted and verdict.reason in (OUTSIDE_BOUND, RECORD_UNPROVEN) and self.reader is not None \
+                    and policy.reader != "off":
+                verdict, vouched, read = await self._read(query, question, row, bin_, verdict, vouched)
+            self._check.count(verdict)
             candidate = _candidate(row, root, rows, bin_, policy, guard=guard, lifted=lifted)
+            candidate = msgspec.structs.replace(candidate, vouched=vouched, read=read)
             if turned_down is not None:  # learn about the guard of the nearer one too
                 candidate = msgspec.structs.replace(candidate, turned_down=TurnedDown(
                     root=turned_down.root, answer=turned_down.answer, guard=turned_down.guard))
@@ -386,13 +485,20 @@ class AdaptiveDecision:
                 return msgspec.structs.replace(candidate, explored=True)
             if verdict.accepted:
                 return Serve(row=row, reason=verdict.reason, score_bin=bin_)
-            return candidate
-        return turned_down
+            if verdict.reason == READER_REJECTED and len(read_no) + 1 < READS_PER_LOOKUP:
+                # Its no says the nearest answer is not this question's; the next answer may be.
+                read_no.add(root)
+                refused = refused or candidate
+                continue
+            return refused or candidate
+        return refused or turned_down
 
     async def _verdict(self, query: CacheQuery, question: str, row: Nearest, root: str, bin_: int,
-                       score: float) -> Verdict:
-        """The verdict on one candidate the guards let through (counted): the document's own wrong
-        record, then the pool (with the prior from ``accept_above``), then the entry's record."""
+                       score: float) -> tuple[Verdict, str]:
+        """The verdict on one candidate the guards let through (not counted yet), and the rule
+        that vouched for it beside the pool (``record`` or ""): the document's own wrong record,
+        then the pool (with the prior from ``accept_above``), then the entry's record, trusted
+        where the pool measured it (``semantic.entry_evidence``)."""
         policy = query.category.semantic
         similarity = row.similarity
         wrong_before = milli(similarity) <= int(row.fields.get(FIELD_WRONG_ABOVE) or -1)
@@ -410,12 +516,37 @@ class AdaptiveDecision:
         elif not within and not wrong_before and entry_may_vouch(policy, similarity, score):
             # Below what the pool allows, the entry's own record may (one read of its fields).
             values = await self._redis.hmget(root, entry_record_fields(policy.threshold, bin_))
-            within = entry = entry_vouches(values, similarity, policy)
+            entry = entry_vouches(values, similarity, policy)
+            if entry and policy.entry_evidence and not rule_trusted(counts, VOUCH_RECORD, bin_, policy):
+                return Verdict(False, RECORD_UNPROVEN), VOUCH_RECORD  # answered upstream, and counted
+            within = entry
         if wrong_before:
-            return self._check.count(Verdict(False, WRONG_BEFORE))
+            return Verdict(False, WRONG_BEFORE), ""
         if within:
-            return self._check.count(Verdict(True, ABOVE_BAND if prior else ENTRY_RECORD if entry else WITHIN_BOUND))
-        return self._check.count(Verdict(False, OUTSIDE_BOUND))
+            return Verdict(True, ABOVE_BAND if prior else ENTRY_RECORD if entry else WITHIN_BOUND), \
+                VOUCH_RECORD if entry else ""
+        return Verdict(False, OUTSIDE_BOUND), ""
+
+    async def _read(self, query: CacheQuery, question: str, row: Nearest, bin_: int, verdict: Verdict,
+                    vouched: str) -> tuple[Verdict, str, bool]:
+        """A refused candidate and the reader: asked now, with its deadline, where its yes was
+        measured (``semantic.reader: serve``); else marked to be read after the response.
+
+        Returns:
+            The verdict, the rule that vouched, and whether to read it after the response.
+        """
+        assert self.reader is not None
+        policy = query.category.semantic
+        counts = await self.pooled.counts(query.version, query.category.name, query.canonical.tenant)
+        if policy.reader != "serve" or not rule_trusted(counts, VOUCH_READER, bin_, policy):
+            # Not trusted here yet: the model answers, and the reader's verdict is counted against it.
+            return verdict, vouched, source_of(row) == SOURCE_MODEL
+        said = await self.reader.read(ReadPair(asked=question, cached=row.fields[FIELD_QUESTION],
+                                               model=query.canonical.model, similarity=row.similarity))
+        self._on_read(self.reader.name, READ_FAILED if said is None else READ_YES if said else READ_NO)
+        if said:
+            return Verdict(True, READER_ACCEPTED), VOUCH_READER, False
+        return (Verdict(False, READER_REJECTED) if said is False else verdict), vouched, False
 
     async def _served_before(self, query: CacheQuery) -> bool:
         """Whether this very question was served semantically before (one read, would-be hits only)."""
@@ -441,7 +572,10 @@ class AdaptiveDecision:
         status = "too_few_explored" if not enough else "above_bound" if (upper or 0.0) > policy.error_bound \
             else "within_bound"
         return Precision(error_bound=policy.error_bound, observations=total, observed_wrong=wrong, explored=explored,
-                         explored_wrong=counts.explored_wrong, error_upper_bound=upper, status=status)
+                         explored_wrong=counts.explored_wrong, error_upper_bound=upper, status=status,
+                         record=rule_figures(counts, VOUCH_RECORD, policy),
+                         reader=rule_figures(counts, VOUCH_READER, policy) if self.reader is not None else None,
+                         reader_no=(counts.reader_no_ok, counts.reader_no_wrong))
 
 
 def _candidate(row: Nearest, root: str, rows: Sequence[Nearest], bin_: int, policy: SemanticPolicy, *,

@@ -156,6 +156,9 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
         turned_down: The nearest document a guard turned down before this candidate, if any.
         source: ``model`` or ``faq``: a curated answer is not judged by the model's answer.
         repeat: Whether this question was served semantically before (explored more often).
+        vouched: The rule that vouched for it beside the pool (``record``, ``reader``; "" if
+            none): the model's answer counts for or against that rule.
+        read: Whether the reader is to read it after the response (not trusted here yet).
     """
 
     key: str
@@ -171,6 +174,8 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
     turned_down: TurnedDown | None = None
     source: str = "model"
     repeat: bool = False
+    vouched: str = ""
+    read: bool = False
 
 
 class Verdict(msgspec.Struct, frozen=True):

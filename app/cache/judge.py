@@ -33,7 +33,7 @@ JUDGE_SYSTEM_PROMPT = (
     "product, same numbers), otherwise no."
 )
 # "yes" as a word ("yesterday" is not), or 是 (是的, 是。) at the start of the reply.
-_YES = re.compile(r"^\W*(?:yes\b|是)", re.IGNORECASE)
+JUDGE_REPLY_YES = re.compile(r"^\W*(?:yes\b|是)", re.IGNORECASE)
 
 
 def judge_messages(asked: str, cached: str) -> list[dict[str, str]]:
@@ -88,5 +88,5 @@ class AnswerJudge:
         except (StrataError, TimeoutError, KeyError, IndexError, TypeError) as exc:
             logger.warning("LLM judge failed, candidate rejected: %r", exc)
             return Verdict(False, JUDGE_FAILED)
-        accepted = isinstance(reply, str) and _YES.match(reply) is not None
+        accepted = isinstance(reply, str) and JUDGE_REPLY_YES.match(reply) is not None
         return Verdict(True, JUDGE_ACCEPTED) if accepted else Verdict(False, JUDGE_REJECTED)

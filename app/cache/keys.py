@@ -113,6 +113,20 @@ FIELD_VERDICT = "verdict"
 FIELD_SERVED = "served"
 OBS_EXPLORED_OK = "explored_ok"
 OBS_EXPLORED_WRONG = "explored_wrong"
+# In a pool: how the rules that vouch beside the pool fared, per score bin, counted against the
+# model's answer (issue #33: each is trusted only where it was measured): ``record_ok:<bin>`` /
+# ``record_wrong:<bin>`` when an entry's record vouched, ``reader_ok:<bin>`` / ``reader_wrong:<bin>``
+# when a reader said yes; ``reader_no_ok`` / ``reader_no_wrong``: a reader's no, when the answer
+# was the candidate's after all, or was not (its lost reach, its refusals that were right).
+OBS_RECORD_OK = "record_ok"
+OBS_RECORD_WRONG = "record_wrong"
+OBS_READER_OK = "reader_ok"
+OBS_READER_WRONG = "reader_wrong"
+OBS_READER_NO_OK = "reader_no_ok"
+OBS_READER_NO_WRONG = "reader_no_wrong"
+# The rules whose verdicts are counted so (a candidate's ``vouched``).
+VOUCH_RECORD = "record"
+VOUCH_READER = "reader"
 
 # Request fields that never change what the model answers: left out of keys and scopes.
 NON_OUTPUT_FIELDS = frozenset(

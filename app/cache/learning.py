@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable
 import msgspec
 from redis.asyncio import Redis
 
+from app.cache.adaptive import VOUCH_KINDS
 from app.cache.base import CacheQuery, Candidate
 from app.cache.judge import JUDGE_FAILED
 from app.cache.keys import (
@@ -44,6 +45,10 @@ from app.cache.keys import (
     OBS_GUARD_OK,
     OBS_GUARD_WRONG,
     OBS_OK,
+    OBS_READER_NO_OK,
+    OBS_READER_NO_WRONG,
+    OBS_READER_OK,
+    OBS_READER_WRONG,
     OBS_WRONG,
     SOURCE_MODEL,
     Keyspace,
@@ -53,6 +58,8 @@ from app.cache.keys import (
 from app.cache.verify import Confirm, PairAnalyzer
 from app.embed import Embedder
 from app.policy import SemanticPolicy
+from app.readers.base import ReadPair
+from app.readers.queue import ReadQueue
 from app.wire import decode_completion
 
 logger = logging.getLogger("strata.learning")
@@ -65,7 +72,8 @@ POOLED_TTL_S = 30 * 86400
 # also raises the highest wrong similarity of the document and of its entry (so every alias of the
 # entry is vetoed there). An equivalent one also counts on the entry's own record (``confirmed:<bin>``).
 # KEYS: document, category figures, entry, tenant pool. ARGV: field, wrong (0/1), similarity x1000,
-# explored field or "", pool TTL, entry record field, whether the pools count it (1/0).
+# explored field or "", pool TTL, entry record field, whether the pools count it (1/0), then the
+# fields of the vouching rules' outcomes (``record_ok:<bin>``, ``reader_wrong:<bin>``, ...), if any.
 _OBSERVE = f"""
 local function raise_wrong(key)
   if redis.call('EXISTS', key) == 0 then return end
@@ -83,6 +91,7 @@ if ARGV[7] == '0' then return 1 end
 for _, pool in ipairs({{KEYS[2], KEYS[4]}}) do
   redis.call('HINCRBY', pool, ARGV[1], 1)
   if ARGV[4] ~= '' then redis.call('HINCRBY', pool, ARGV[4], 1) end
+  for i = 8, #ARGV do redis.call('HINCRBY', pool, ARGV[i], 1) end
   redis.call('EXPIRE', pool, ARGV[5])
 end
 return 1
@@ -191,7 +200,8 @@ class ObservationWriter:
         self._observe = redis.register_script(_OBSERVE)
 
     async def record(self, tag: str, category: str, tenant: str, *, document: str, root: str, similarity: float,
-                     score_bin: int, same: bool, explored: bool = False, pooled: bool = True) -> None:
+                     score_bin: int, same: bool, explored: bool = False, pooled: bool = True,
+                     rules: tuple[str, ...] = ()) -> None:
         """Count whether a document's answer was right for a question at this similarity.
 
         Args:
@@ -207,6 +217,7 @@ class ObservationWriter:
             explored: Whether it was an explored would-be hit (the live precision counts those).
             pooled: Whether the tenant's pool counts it (a user's "right" on a served hit does not:
                 served hits are no fair sample, and a user's votes must not loosen what others get).
+            rules: Pool fields of the vouching rules this observation measures (``record_ok:087``).
         """
         field = observation_field(OBS_OK if same else OBS_WRONG, score_bin)
         explored_field = (OBS_EXPLORED_OK if same else OBS_EXPLORED_WRONG) if explored else ""
@@ -214,7 +225,7 @@ class ObservationWriter:
             keys=[document, self._keys.observations_key(tag, category), root,
                   self._keys.observations_key(tag, category, tenant)],
             args=[field, "0" if same else "1", round(similarity * 1000), explored_field, POOLED_TTL_S,
-                  observation_field(OBS_CONFIRMED, score_bin), "1" if pooled else "0"],
+                  observation_field(OBS_CONFIRMED, score_bin), "1" if pooled else "0", *rules],
         )
 
 
@@ -230,11 +241,14 @@ class AnswerLearner:
         documents_of: The documents of an entry, ``(version tag, entry key) -> keys``, to merge
             entries of one answer; without it entries are never merged.
         keys: The keyspace (a cluster bucket's when ``redis`` is its master).
+        reads: The reader's reads after the response (candidates it is not trusted for yet).
     """
 
     def __init__(self, redis: Redis, embedder: Embedder, analyzer: PairAnalyzer | None,
-                 judge: Confirm | None = None, documents_of: DocumentsOf | None = None, keys: Keyspace = KEYS) -> None:
+                 judge: Confirm | None = None, documents_of: DocumentsOf | None = None, keys: Keyspace = KEYS,
+                 reads: ReadQueue | None = None) -> None:
         self._redis = redis
+        self._reads = reads
         self._keys = keys
         self._judge = judge
         self._embedder = embedder
@@ -325,9 +339,11 @@ class AnswerLearner:
             await self._count_guard(keys=[candidate.root],
                                     args=[f"{OBS_GUARD_OK if same else OBS_GUARD_WRONG}:{candidate.guard}"])
         if not candidate.guard or candidate.guard_lifted:
+            rules = await self._rules_measured(query, candidate, same)
             await self.observations.record(query.version, query.category.name, query.canonical.tenant,
                                            document=candidate.key, root=candidate.root, similarity=candidate.similarity,
-                                           score_bin=candidate.score_bin, same=same, explored=candidate.explored)
+                                           score_bin=candidate.score_bin, same=same, explored=candidate.explored,
+                                           rules=rules)
         entry = candidate.root if same else (neighbours[0].root if neighbours else None)
         if entry is None or policy.max_aliases <= 0:
             return Observed(same=same)
@@ -338,6 +354,23 @@ class AnswerLearner:
             if neighbour.root != entry:
                 merged += await self.merge(query.version, entry, neighbour.root, policy)
         return Observed(same=same, merged=merged)
+
+    async def _rules_measured(self, query: CacheQuery, candidate: Candidate, same: bool) -> tuple[str, ...]:
+        """The pool fields this answered candidate measures: the rule that vouched for it, and
+        the reader's verdict if it reads it now (after the response, off the request path)."""
+        rules = []
+        if candidate.vouched:
+            ok_kind, wrong_kind = VOUCH_KINDS[candidate.vouched]
+            rules.append(observation_field(ok_kind if same else wrong_kind, candidate.score_bin))
+        if candidate.read and self._reads is not None and query.canonical.question is not None:
+            said = await self._reads.read(query.canonical.tenant, ReadPair(
+                asked=query.canonical.question, cached=candidate.question, answer=answer_text(candidate.answer) or "",
+                model=query.canonical.model, similarity=candidate.similarity))
+            if said:
+                rules.append(observation_field(OBS_READER_OK if same else OBS_READER_WRONG, candidate.score_bin))
+            elif said is False:
+                rules.append(OBS_READER_NO_OK if same else OBS_READER_NO_WRONG)
+        return tuple(rules)
 
     async def merge(self, tag: str, entry: str, other: str, policy: SemanticPolicy) -> int:
         """Merge entry ``other`` into ``entry`` (their answers are equivalent); 1 if it was merged.

@@ -13,7 +13,7 @@ import asyncio
 import copy
 import logging
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,7 @@ from app.cache.usage import HitCounts
 from app.cache.verify import WRONG_BEFORE, CandidateCheck, ThresholdVerifier
 from app.embed import Embedder
 from app.policy import SemanticPolicy
+from app.readers.base import Reader
 from app.wire import decode_completion
 
 logger = logging.getLogger("strata.semantic")
@@ -88,6 +89,7 @@ class SemanticCache:
         self, redis: Redis, embedder: Embedder, schema_path: Path, check: CandidateCheck | None = None, *,
         memo_size: int = 4096, learning_refresh_s: float = 1.0, keys: Keyspace = KEYS,
         pool_sources: Sequence[tuple[Redis, Keyspace]] = (), max_question_chars: int = 1_000,
+        reader: Reader | None = None, on_read: Callable[[str, str], None] | None = None,
     ) -> None:
         self._redis = redis
         self.keys = keys
@@ -95,7 +97,8 @@ class SemanticCache:
         self._schema_template = yaml.safe_load(schema_path.read_text(encoding="utf-8"))
         self._check = check or CandidateCheck(ThresholdVerifier())
         self.adaptive = AdaptiveDecision(redis, self._check,
-                                         PooledObservations(redis, learning_refresh_s, keys, pool_sources), keys=keys)
+                                         PooledObservations(redis, learning_refresh_s, keys, pool_sources), keys=keys,
+                                         reader=reader, on_read=on_read)
         self._writer = EntryWriter(redis, keys)
         self.hits = HitCounts(redis)
         self._indexes: dict[str, AsyncSearchIndex] = {}

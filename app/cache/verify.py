@@ -58,6 +58,12 @@ WITHIN_BOUND = "within_bound"
 OUTSIDE_BOUND = "outside_bound"
 WRONG_BEFORE = "wrong_before"
 ENTRY_RECORD = "entry_record"
+# An entry's record vouched, at a score where the category's pool has not yet measured records
+# wrong less often than the bound (``semantic.entry_evidence``): sent upstream, and counted.
+RECORD_UNPROVEN = "record_unproven"
+# A reader (app/readers) said yes where its yes was measured right often enough: served.
+READER_ACCEPTED = "reader_accepted"
+READER_REJECTED = "reader_rejected"
 
 _TOKEN = re.compile(r"[a-z0-9]+(?:'[a-z]+)?|[\u3400-\u9fff]")
 _NUMBER = re.compile(r"\d+(?:\.\d+)?|[零一二两三四五六七八九十百千万亿]+(?=[个元块号日月年天次期笔张位岁%])")

@@ -126,7 +126,8 @@ class LabelledUpstream:
 
 
 def run_simulated(stream: list[Any], *, settings: Settings, category: str, encoder: Any = None,
-                  faq: list[Any] | None = None, feedback: float = 0.0) -> Any:
+                  faq: list[Any] | None = None, feedback: float = 0.0, judge: str = "",
+                  judge_error: float = 0.0) -> Any:
     """Replay a stream through an in-process Strata over an own, empty Redis Stack and the
     labelled upstream; observations settle after every request, so the counts are the same
     on every run of the same stream.
@@ -137,6 +138,9 @@ def run_simulated(stream: list[Any], *, settings: Settings, category: str, encod
             timing settings are the simulation's own.
         category: The category to ask in.
         encoder: An already loaded embedding model (tests share one).
+        judge: ``oracle``: the grey zone's reader answers from the stream's labels (for categories
+            with ``semantic.reader``); "": the configured reader, if any.
+        judge_error: The oracle's share of wrong verdicts, drawn at random (seeded).
 
     Returns:
         The ``app.replay.run.Report``.
@@ -162,7 +166,14 @@ def run_simulated(stream: list[Any], *, settings: Settings, category: str, encod
             upstream=msgspec.structs.replace(settings.upstream, url=model_server.url + "/v1", max_retries=0),
             semantic=msgspec.structs.replace(settings.semantic, enabled=True, learning_refresh_s=0.0),
         )
-        app = create_app(simulated, encoder=encoder)
+        reader = None
+        if judge == "oracle":
+            from app.readers.oracle import OracleReader
+
+            reader = OracleReader({normalize_text(r.text): r.label for r in stream}, error=judge_error)
+        elif judge:
+            raise ValueError(f"unknown simulated judge {judge!r} (oracle)")
+        app = create_app(simulated, encoder=encoder, reader=reader)
 
         async def go() -> Any:
             # The app on this very event loop (ASGI, no socket), so the replay can let its
