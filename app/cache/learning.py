@@ -72,7 +72,8 @@ POOLED_TTL_S = 30 * 86400
 # also raises the highest wrong similarity of the document and of its entry (so every alias of the
 # entry is vetoed there). An equivalent one also counts on the entry's own record (``confirmed:<bin>``).
 # KEYS: document, category figures, entry, tenant pool. ARGV: field, wrong (0/1), similarity x1000,
-# explored field or "", pool TTL, entry record field, whether the pools count it (1/0), then the
+# explored field or "", pool TTL, entry record field, what the pools count (1: all of it, 2: the
+# explored field and the rules' fields only, 0: nothing), then the
 # fields of the vouching rules' outcomes (``record_ok:<bin>``, ``reader_wrong:<bin>``, ...), if any.
 _OBSERVE = f"""
 local function raise_wrong(key)
@@ -89,7 +90,7 @@ elseif redis.call('EXISTS', KEYS[3]) == 1 then
 end
 if ARGV[7] == '0' then return 1 end
 for _, pool in ipairs({{KEYS[2], KEYS[4]}}) do
-  redis.call('HINCRBY', pool, ARGV[1], 1)
+  if ARGV[7] == '1' then redis.call('HINCRBY', pool, ARGV[1], 1) end
   if ARGV[4] ~= '' then redis.call('HINCRBY', pool, ARGV[4], 1) end
   for i = 8, #ARGV do redis.call('HINCRBY', pool, ARGV[i], 1) end
   redis.call('EXPIRE', pool, ARGV[5])
@@ -201,7 +202,7 @@ class ObservationWriter:
 
     async def record(self, tag: str, category: str, tenant: str, *, document: str, root: str, similarity: float,
                      score_bin: int, same: bool, explored: bool = False, pooled: bool = True,
-                     rules: tuple[str, ...] = ()) -> None:
+                     rules: tuple[str, ...] = (), binned: bool = True) -> None:
         """Count whether a document's answer was right for a question at this similarity.
 
         Args:
@@ -218,6 +219,9 @@ class ObservationWriter:
             pooled: Whether the tenant's pool counts it (a user's "right" on a served hit does not:
                 served hits are no fair sample, and a user's votes must not loosen what others get).
             rules: Pool fields of the vouching rules this observation measures (``record_ok:087``).
+            binned: Whether the pool's own ``ok:<bin>`` / ``wrong:<bin>`` count it: not for a
+                candidate a rule vouched for (a sample the rule chose, not the pool's: counted, it
+                would loosen the pool's bound for every candidate at that score).
         """
         field = observation_field(OBS_OK if same else OBS_WRONG, score_bin)
         explored_field = (OBS_EXPLORED_OK if same else OBS_EXPLORED_WRONG) if explored else ""
@@ -225,7 +229,7 @@ class ObservationWriter:
             keys=[document, self._keys.observations_key(tag, category), root,
                   self._keys.observations_key(tag, category, tenant)],
             args=[field, "0" if same else "1", round(similarity * 1000), explored_field, POOLED_TTL_S,
-                  observation_field(OBS_CONFIRMED, score_bin), "1" if pooled else "0", *rules],
+                  observation_field(OBS_CONFIRMED, score_bin), ("1" if binned else "2") if pooled else "0", *rules],
         )
 
 
@@ -343,7 +347,7 @@ class AnswerLearner:
             await self.observations.record(query.version, query.category.name, query.canonical.tenant,
                                            document=candidate.key, root=candidate.root, similarity=candidate.similarity,
                                            score_bin=candidate.score_bin, same=same, explored=candidate.explored,
-                                           rules=rules)
+                                           rules=rules, binned=not candidate.vouched)
         entry = candidate.root if same else (neighbours[0].root if neighbours else None)
         if entry is None or policy.max_aliases <= 0:
             return Observed(same=same)
