@@ -143,6 +143,7 @@ train-verifier: calibrate-deps
 bench: deps
 	@command -v wrk >/dev/null || { [ "$$(id -u)" = 0 ] && (apt-get install -y -qq wrk >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq wrk >/dev/null)); }
 	$(PY) -m bench.run $(BENCH_ARGS)
+	$(PY) -m bench.hit_path --baseline HEAD~1 --rounds 1 --duration 15 --benchmarks docs/BENCHMARKS.md $(HIT_PATH_ARGS)
 	@$(MAKE) --no-print-directory load
 	$(PY) -m bench.faults
 

@@ -283,6 +283,51 @@ def report(arms: list[Arm], memories: list[tuple[MemoryRun, dict[str, list[str]]
     return "\n".join(lines) + "\n"
 
 
+BENCH_START, BENCH_END = "<!-- hit-path:start -->", "<!-- hit-path:end -->"
+
+
+def round_trips(commands: list[str]) -> list[str]:
+    """The commands of a MONITOR window that are round trips of their own (not run by a script)."""
+    return [c.split()[0] for c in commands if not c.endswith("(script)")]
+
+
+def benchmarks_section(arms: list[Arm], memories: list[tuple[MemoryRun, dict[str, list[str]]]],
+                       args: argparse.Namespace) -> str:
+    """The section of docs/BENCHMARKS.md this run writes (replaced on the next one)."""
+    this = arms[0]
+    lines = [BENCH_START, "", "## Hit path side by side, and what hits cost Redis (issue #32)", "",
+             f"Written by `python -m bench.hit_path {' '.join(sys.argv[1:])}` (part of `make bench`) on "
+             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {machine()}. Each arm in turn on this machine "
+             f"(its own Redis Stack, the stub upstream, one worker, wrk on the same 2 cores), {len(this.exact_rps)} "
+             f"round(s), the median; the full report is [experiments/hit-path-ab.md](experiments/hit-path-ab.md).", "",
+             "| arm | exact hits c16 req/s | exact p50 ms | semantic hit c1 p50 ms | semantic hits c16 req/s |",
+             "|---|---|---|---|---|"]
+    for arm in arms:
+        lines.append(f"| {arm.name} | {statistics.median(arm.exact_rps):,.0f} | {statistics.median(arm.exact_p50):.2f} | "
+                     f"{statistics.median(arm.semantic_p50) if arm.semantic_p50 else float('nan'):.2f} | "
+                     f"{statistics.median(arm.semantic_rps16) if arm.semantic_rps16 else float('nan'):,.0f} |")
+    for run, seen in memories:
+        growth = run.used_after - run.used_before
+        lines += ["", f"{run.name}: {run.hits:,} hits over {run.entries} cached entries grew `used_memory` by "
+                  f"{growth:+,} bytes (target: under +1,048,576: {'met' if growth < 1 << 20 else 'MISSED'}); keys "
+                  f"{run.keys_before:,} -> {run.keys_after:,}. Bytes per cached entry (`MEMORY USAGE`): exact "
+                  f"{run.exact_entry_bytes:,.0f}, semantic {run.semantic_entry_bytes:,.0f} plus "
+                  f"{run.index_bytes_per_doc:,.0f} in the index per document. Round trips of one hit: " +
+                  "; ".join(f"{name} {len(round_trips(c))} ({', '.join(round_trips(c))})" for name, c in seen.items())]
+    return "\n".join([*lines, "", BENCH_END]) + "\n"
+
+
+def write_section(path: Path, section: str) -> None:
+    """Put the section into docs/BENCHMARKS.md in place of the previous one (or at its end)."""
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    if BENCH_START in text and BENCH_END in text:
+        head, rest = text.split(BENCH_START, 1)
+        text = head + section + rest.split(BENCH_END, 1)[1].lstrip("\n")
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    path.write_text(text, encoding="utf-8")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", action="append", default=[], help="an earlier commit to serve beside this tree")
@@ -294,6 +339,7 @@ def main() -> int:
     parser.add_argument("--memory-hits", type=int, default=100_000, help="0: no memory run")
     parser.add_argument("--memory-baseline", action="store_true", help="the memory run for each baseline too")
     parser.add_argument("--out", default=str(ROOT / "docs" / "experiments" / "hit-path-ab.md"))
+    parser.add_argument("--benchmarks", help="also write the summary section of this file (docs/BENCHMARKS.md)")
     args = parser.parse_args()
     pairs, _ = semantic_pairs(args.entries)
     arms = [Arm("this tree", ROOT)] + [Arm(f"commit {rev}", worktree(rev)) for rev in args.baseline]
@@ -308,6 +354,8 @@ def main() -> int:
             print(f"{arm.name}: used_memory {memories[-1][0].used_before:,} -> {memories[-1][0].used_after:,}", flush=True)
     text = report(arms, memories, args)
     Path(args.out).write_text(text, encoding="utf-8")
+    if args.benchmarks:
+        write_section(Path(args.benchmarks), benchmarks_section(arms, memories, args))
     print(text)
     return 0
 

@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from tests.integration.test_learning import REFUND, forget_question, pool_counts, pool_key, sem_doc
-from tests.support import FakeUpstream, ask, eventually, serve_strata, strata_settings
+from tests.support import FakeUpstream, ask, eventually, keyspace, serve_strata, strata_settings
 
 READ = {"X-Cache-Category": "learn_read"}
 EVIDENCE = {"X-Cache-Category": "learn_entry_evidence"}
@@ -30,6 +30,11 @@ def reading_strata(redis_url: str, fake_upstream: FakeUpstream, use_encoder: Any
 def strata(reading_strata: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream) -> str:
     fake_upstream.reset()
     return reading_strata
+
+
+def category_key(redis_sync: redis.Redis, category: str) -> str:
+    """The key of a category's figures over every tenant (what /health reads)."""
+    return keyspace(redis_sync, "default", category).observations_key("v1", category)
 
 
 def reader_fields(redis_sync: redis.Redis, category: str) -> dict[str, int]:
@@ -60,8 +65,11 @@ def test_a_reader_measured_right_serves_on_its_yes_and_its_no_is_a_miss(
         strata: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream) -> None:
     fake_upstream.answers.update({q: REFUND for q in ("怎么申请退款", "退款怎么申请", "如何申请退款")})
     ask(strata, "怎么申请退款", headers=READ)
-    # Its yes measured right 1,000 times at every score: trusted everywhere in the band.
-    redis_sync.hset(pool_key(redis_sync, "learn_read"), mapping={f"reader_ok:{b:03d}": 1000 for b in range(50, 160)})
+    # Its yes measured right 1,000 times at every score: trusted everywhere in the band (the
+    # tenant's pool decides; the category's figures, on /health, count every tenant's).
+    trusted = {f"reader_ok:{b:03d}": 1000 for b in range(50, 160)}
+    redis_sync.hset(pool_key(redis_sync, "learn_read"), mapping=trusted)
+    redis_sync.hset(category_key(redis_sync, "learn_read"), mapping=trusted)
     served = ask(strata, "退款怎么申请", headers=READ)
     assert served.headers["x-cache"] == "semantic-hit" and served.headers["x-cache-verdict"] == "reader_accepted"
     assert len(fake_upstream.calls) - len(fake_upstream.judge_calls) == 1  # one answer from the model
@@ -73,8 +81,9 @@ def test_a_reader_measured_right_serves_on_its_yes_and_its_no_is_a_miss(
     assert refused.headers["x-cache"] == "miss"
     assert len(fake_upstream.judge_calls) == 2
     # One wrong yes among few: no longer trusted there, read after the response again.
-    redis_sync.delete(pool_key(redis_sync, "learn_read"))
-    redis_sync.hset(pool_key(redis_sync, "learn_read"), mapping={"reader_ok:050": 20, "reader_wrong:050": 1})
+    for key in (pool_key(redis_sync, "learn_read"), category_key(redis_sync, "learn_read")):
+        redis_sync.delete(key)
+        redis_sync.hset(key, mapping={"reader_ok:050": 10, "reader_wrong:050": 1})
     assert httpx.get(strata + "/health").json()["semantic"]["learn_read"]["reader"]["status"] == "measuring"
     fake_upstream.judge_reply = "yes"
     forget_question(redis_sync, "退款怎么申请")
