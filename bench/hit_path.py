@@ -312,7 +312,9 @@ def benchmarks_section(arms: list[Arm], memories: list[tuple[MemoryRun, dict[str
                   f"{growth:+,} bytes (target: under +1,048,576: {'met' if growth < 1 << 20 else 'MISSED'}); keys "
                   f"{run.keys_before:,} -> {run.keys_after:,}. Bytes per cached entry (`MEMORY USAGE`): exact "
                   f"{run.exact_entry_bytes:,.0f}, semantic {run.semantic_entry_bytes:,.0f} plus "
-                  f"{run.index_bytes_per_doc:,.0f} in the index per document. Round trips of one hit: " +
+                  f"{run.index_bytes_per_doc:,.0f} in the index per document. Commands that were round trips of their own "
+                  "in the 1.5 s after one hit (the hit's lookup first; then what is sent once a second for every hit "
+                  "of that second: usage counts, semantic hit counts, the pool read): " +
                   "; ".join(f"{name} {len(round_trips(c))} ({', '.join(round_trips(c))})" for name, c in seen.items())]
     return "\n".join([*lines, "", BENCH_END]) + "\n"
 
