@@ -18,6 +18,7 @@ TORCH_VERSION ?= 2.13.0
 
 STRATA_HOST ?= 127.0.0.1
 STRATA_PORT ?= 8080
+VLLM_PORT ?= 8000
 export STRATA_HOST STRATA_PORT
 
 .PHONY: help deps test-deps client-deps calibrate-deps bench-replay up down status restart test test-fast test-cluster lint bench load train-verifier logs strata-start strata-stop judge-up judge-down
@@ -30,6 +31,7 @@ help:
 	@echo "make lint    ruff (app, bench, tests) and mypy --strict (app); configured in pyproject.toml"
 	@echo "make bench   run the benchmarks and write docs/BENCHMARKS.md"
 	@echo "make bench-replay  replay a stream straight to vLLM and through Strata; docs/REPLAY.md"
+	@echo "make up MODEL=qwen1.5b    opt-in: Qwen2.5-Coder-1.5B (llama.cpp) on :8000 in place of SmolLM2 (issue #34)"
 	@echo "make judge-up / judge-down  opt-in: a Qwen 1.5B judge for the grey zone on 127.0.0.1:8002 (readers/README.md)"
 
 deps: $(STAMP)
@@ -62,10 +64,20 @@ $(CALIBRATE_STAMP): $(STAMP)
 	$(PIP) install -q -e ".[calibrate]" "torch==$(TORCH_VERSION)"
 	@touch $@
 
+# MODEL= (empty): vLLM serving SmolLM2, what the tests use. MODEL=qwen1.5b (opt-in): the Qwen 1.5B
+# GGUF of readers/judge.sh, sha256-pinned, served by llama.cpp on :8000 in vLLM's place (issue #34;
+# docs/OPERATIONS.md says why llama.cpp); requests name it `qwen2.5-coder-1.5b-instruct`.
+MODEL ?=
+QWEN_UPSTREAM = STRATA_JUDGE_PORT=$(VLLM_PORT) STRATA_JUDGE_DIR=$(RUN)/qwen PYTHON=$(PY) readers/judge.sh
+
 up: deps
 	@mkdir -p $(RUN)/strata
 	@redis-stack/redis-stack.sh start || { echo "make up: Redis Stack failed; log: $(RUN)/redis/redis.log" >&2; exit 1; }
-	@vllm/vllm.sh start || { echo "make up: vLLM failed; log: $(RUN)/vllm/vllm.log" >&2; exit 1; }
+	@case "$(MODEL)" in \
+	  "") vllm/vllm.sh start || { echo "make up: vLLM failed; log: $(RUN)/vllm/vllm.log" >&2; exit 1; } ;; \
+	  qwen1.5b) $(QWEN_UPSTREAM) start || { echo "make up: the Qwen 1.5B server failed; log: $(RUN)/qwen/judge.log" >&2; exit 1; } ;; \
+	  *) echo "make up: unknown MODEL=$(MODEL) (known: qwen1.5b; none: SmolLM2 on vLLM)" >&2; exit 2 ;; \
+	esac
 	@$(MAKE) --no-print-directory strata-start
 
 strata-start:
@@ -90,6 +102,7 @@ strata-stop:
 down:
 	@$(MAKE) --no-print-directory strata-stop
 	@vllm/vllm.sh stop
+	@[ ! -f $(RUN)/qwen/judge.pid ] || $(QWEN_UPSTREAM) stop
 	@redis-stack/redis-stack.sh stop
 
 restart: down up

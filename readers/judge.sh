@@ -15,12 +15,14 @@
 #   STRATA_JUDGE_PORT [8002]     port on 127.0.0.1
 #   STRATA_JUDGE_THREADS [2]     llama.cpp threads
 #   STRATA_JUDGE_CTX [2048]      context length
+#   STRATA_JUDGE_DIR [.run/judge] pid and log (`make up MODEL=qwen1.5b` serves the same model on
+#                                 :8000 as the upstream, from .run/qwen, beside a judge on :8002)
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 run="$root/.run"
 venv="$run/judge-venv"
-dir="$run/judge"
+dir="${STRATA_JUDGE_DIR:-$run/judge}"
 models="$run/models"
 model="$models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
 port="${STRATA_JUDGE_PORT:-8002}"
