@@ -98,6 +98,14 @@ NEIGHBOURS = 3
 # and its yes there is another sample than the one its trust was measured on (a noisy reader
 # broke the bound through it).
 READS_PER_LOOKUP = 1
+# The base rate of wrong candidates a reader's trust uses is the pool's within this many score
+# bins either side of the candidate's (the rate changes with the score; one bin holds too few).
+READER_BASE_BAND = 2
+# The confidence a reader's yes is measured at before it serves: higher than a category's usual
+# 85%, because a reader's errors are not seen once it serves (only its explored hits are), and a
+# reader wrong on a fifth of pairs, where most candidates are right, has a wrong yes at about
+# the bound; at 85% it passed by chance (docs/QUALITY.md). About 270 clean yes at 1%.
+READER_CONFIDENCE = 0.95
 
 
 def decision_score(similarity: float, other_answer_similarity: float | None, floor: float) -> float:
@@ -134,7 +142,8 @@ def z_of(confidence: float) -> float:
 
 
 # Per-bin kinds of a pool: the answered misses' own, and those of the rules that vouch beside it.
-_BINNED_KINDS = (OBS_OK, OBS_WRONG, OBS_RECORD_OK, OBS_RECORD_WRONG, OBS_READER_OK, OBS_READER_WRONG)
+_BINNED_KINDS = (OBS_OK, OBS_WRONG, OBS_RECORD_OK, OBS_RECORD_WRONG, OBS_READER_OK, OBS_READER_WRONG,
+                 OBS_READER_NO_OK, OBS_READER_NO_WRONG)
 # Each vouching rule's (right, wrong) kinds.
 VOUCH_KINDS = {VOUCH_RECORD: (OBS_RECORD_OK, OBS_RECORD_WRONG), VOUCH_READER: (OBS_READER_OK, OBS_READER_WRONG)}
 
@@ -158,8 +167,9 @@ class PooledCounts:
         self.ok, self.wrong = self._suffix[OBS_OK], self._suffix[OBS_WRONG]
         self.explored_ok = fields.get(OBS_EXPLORED_OK, 0)
         self.explored_wrong = fields.get(OBS_EXPLORED_WRONG, 0)
-        self.reader_no_ok = fields.get(OBS_READER_NO_OK, 0)
-        self.reader_no_wrong = fields.get(OBS_READER_NO_WRONG, 0)
+        # A reader's no, every bin (and the unbinned count older pools hold).
+        self.reader_no_ok = fields.get(OBS_READER_NO_OK, 0) + int(self._suffix[OBS_READER_NO_OK][0])
+        self.reader_no_wrong = fields.get(OBS_READER_NO_WRONG, 0) + int(self._suffix[OBS_READER_NO_WRONG][0])
 
     def at_or_above(self, bin_: int) -> tuple[int, int]:
         """(wrong, total) of the observations at this score bin or higher."""
@@ -172,6 +182,23 @@ class PooledCounts:
         ok_kind, wrong_kind = VOUCH_KINDS[rule]
         wrong = int(self._suffix[wrong_kind][bin_])
         return wrong, wrong + int(self._suffix[ok_kind][bin_])
+
+    def within(self, low: int, high: int) -> tuple[int, int]:
+        """(wrong, total) of the observations with a score bin in ``[low, high)``."""
+        low, high = max(0, low), min(BINS, high)
+        if low >= high:
+            return 0, 0
+        wrong = int(self.wrong[low] - self.wrong[high])
+        return wrong, wrong + int(self.ok[low] - self.ok[high])
+
+    def reader_rates(self, bin_: int) -> tuple[tuple[int, int], tuple[int, int]]:
+        """The reader's verdicts at this score bin or higher, split by what the model answered:
+        ((yes, total) on pairs of another answer, (yes, total) on pairs of the same answer)."""
+        said_yes_wrong = int(self._suffix[OBS_READER_WRONG][bin_])
+        said_yes_same = int(self._suffix[OBS_READER_OK][bin_])
+        said_no_wrong = int(self._suffix[OBS_READER_NO_WRONG][bin_])
+        said_no_same = int(self._suffix[OBS_READER_NO_OK][bin_])
+        return (said_yes_wrong, said_yes_wrong + said_no_wrong), (said_yes_same, said_yes_same + said_no_same)
 
 
 class PooledObservations:
@@ -235,13 +262,48 @@ def prior_has_evidence(counts: PooledCounts, bin_: int, policy: SemanticPolicy) 
     return counts.at_or_above(bin_)[1] >= math.ceil(1 / policy.error_bound)
 
 
-def rule_trusted(counts: PooledCounts, rule: str, bin_: int, policy: SemanticPolicy) -> bool:
+def rule_trusted(counts: PooledCounts, rule: str, bin_: int, policy: SemanticPolicy,
+                 confidence: float | None = None) -> bool:
     """Whether a vouching rule has been measured right often enough at this score or above:
     the Wilson upper bound of the wrong share of what it vouched for there is at most the bound
-    (about 110 clean verdicts at the shipped 1% and 85% confidence)."""
+    (about 110 clean verdicts at the shipped 1% and 85% confidence), at ``confidence`` if given
+    (else the category's)."""
     assert policy.error_bound is not None
     wrong, total = counts.vouched_at_or_above(rule, bin_)
-    return wilson_upper(wrong, total, z_of(policy.confidence)) <= policy.error_bound
+    return wilson_upper(wrong, total, z_of(confidence or policy.confidence)) <= policy.error_bound
+
+
+def reader_error_here(counts: PooledCounts, bin_: int, policy: SemanticPolicy) -> float:
+    """How often the reader's yes is wrong at this very score, as far as its rates tell.
+
+    Bayes over what was measured: the reader's rate of yes on pairs of another answer (``alpha``)
+    and on pairs of the same answer (``beta``), each over its verdicts at this score or above (a
+    reader misled by twins is misled more at high scores, so the low bins borrow the harder
+    cases), and the wrong share of the candidates near this score (``p``: the pool's observations
+    within ``READER_BASE_BAND`` bins, at its Wilson upper bound). A reader right on 80% of pairs is
+    wrong on half its yes where most candidates are wrong, however often it was right higher up.
+    """
+    (yes_other, other), (yes_same, same) = counts.reader_rates(bin_)
+    if not same:
+        return 1.0
+    alpha, beta = (yes_other / other if other else 0.0), yes_same / same
+    wrong, total = counts.within(bin_ - READER_BASE_BAND, bin_ + READER_BASE_BAND + 1)
+    p = wilson_upper(wrong, total, z_of(policy.confidence))
+    wrong_yes, right_yes = alpha * p, beta * (1 - p)
+    if not wrong_yes:
+        return 0.0  # never a yes on a pair of another answer: nothing says it errs
+    return wrong_yes / (wrong_yes + right_yes)
+
+
+def reader_trusted(counts: PooledCounts, bin_: int, policy: SemanticPolicy) -> bool:
+    """Whether the reader's yes may serve at this score bin: measured within the bound at this
+    score or above (:func:`rule_trusted`), and not wrong too often at this score by its rates
+    (:func:`reader_error_here`): the first is the guarantee, the second keeps high scores, where
+    it is nearly always right, from vouching for low ones, where it would not be."""
+    assert policy.error_bound is not None
+    confidence = max(policy.confidence, READER_CONFIDENCE)
+    return rule_trusted(counts, VOUCH_READER, bin_, policy, confidence) \
+        and reader_error_here(counts, bin_, policy) <= policy.error_bound
 
 
 def entry_record_fields(floor: float, bin_: int) -> list[str]:
@@ -362,7 +424,8 @@ def rule_figures(counts: PooledCounts, rule: str, policy: SemanticPolicy) -> Rul
     start = score_bin(policy.threshold)
     wrong, total = counts.vouched_at_or_above(rule, start)
     trusted = next((b for b in range(start, BINS) if counts.vouched_at_or_above(rule, b)[1]
-                    and rule_trusted(counts, rule, b, policy)), None)
+                    and (reader_trusted(counts, b, policy) if rule == VOUCH_READER
+                         else rule_trusted(counts, rule, b, policy))), None)
     status = "trusted" if trusted is not None else "measuring" if total < 1 / policy.error_bound else "ignored"
     return RuleFigures(vouched=total, wrong=wrong, trusted_from=None if trusted is None else trusted / 100,
                        status=status)
@@ -471,7 +534,10 @@ class AdaptiveDecision:
                 verdict, vouched, read = await self._read(query, question, row, bin_, verdict, vouched)
             self._check.count(verdict)
             candidate = _candidate(row, root, rows, bin_, policy, guard=guard, lifted=lifted)
-            candidate = msgspec.structs.replace(candidate, vouched=vouched, read=read)
+            # A trusted reader's yes is measured only when explored, so its no is counted at the
+            # same rate: its two rates stay unbiased once it serves.
+            said_no = verdict.reason == READER_REJECTED and self._explore.random() < policy.explore
+            candidate = msgspec.structs.replace(candidate, vouched=vouched, read=read, reader_said_no=said_no)
             if turned_down is not None:  # learn about the guard of the nearer one too
                 candidate = msgspec.structs.replace(candidate, turned_down=TurnedDown(
                     root=turned_down.root, answer=turned_down.answer, guard=turned_down.guard))
@@ -540,7 +606,7 @@ class AdaptiveDecision:
         assert self.reader is not None
         policy = query.category.semantic
         counts = await self.pooled.counts(query.version, query.category.name, query.canonical.tenant)
-        if policy.reader != "serve" or not rule_trusted(counts, VOUCH_READER, bin_, policy):
+        if policy.reader != "serve" or not reader_trusted(counts, bin_, policy):
             # Not trusted here yet: the model answers, and the reader's verdict is counted against it.
             return verdict, vouched, source_of(row) == SOURCE_MODEL
         said = await self.reader.read(ReadPair(asked=question, cached=row.fields[FIELD_QUESTION],
@@ -548,7 +614,9 @@ class AdaptiveDecision:
         self._on_read(self.reader.name, READ_FAILED if said is None else READ_YES if said else READ_NO)
         if said:
             return Verdict(True, READER_ACCEPTED), VOUCH_READER, False
-        return (Verdict(False, READER_REJECTED) if said is False else verdict), vouched, False
+        if said is False:  # the model answers; its answer measures this no (``reader_said_no``)
+            return Verdict(False, READER_REJECTED), vouched, False
+        return verdict, vouched, False
 
     async def _served_before(self, query: CacheQuery) -> bool:
         """Whether this very question was served semantically before (one read, would-be hits only)."""

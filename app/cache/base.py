@@ -159,6 +159,8 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
         vouched: The rule that vouched for it beside the pool (``record``, ``reader``; "" if
             none): the model's answer counts for or against that rule.
         read: Whether the reader is to read it after the response (not trusted here yet).
+        reader_said_no: Whether a reader trusted here said no on the request path: the model's
+            answer measures that no, as it measures a read after the response.
     """
 
     key: str
@@ -176,6 +178,7 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
     repeat: bool = False
     vouched: str = ""
     read: bool = False
+    reader_said_no: bool = False
 
 
 class Verdict(msgspec.Struct, frozen=True):

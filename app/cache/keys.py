@@ -116,8 +116,9 @@ OBS_EXPLORED_WRONG = "explored_wrong"
 # In a pool: how the rules that vouch beside the pool fared, per score bin, counted against the
 # model's answer (issue #33: each is trusted only where it was measured): ``record_ok:<bin>`` /
 # ``record_wrong:<bin>`` when an entry's record vouched, ``reader_ok:<bin>`` / ``reader_wrong:<bin>``
-# when a reader said yes; ``reader_no_ok`` / ``reader_no_wrong``: a reader's no, when the answer
-# was the candidate's after all, or was not (its lost reach, its refusals that were right).
+# when a reader said yes; ``reader_no_ok:<bin>`` / ``reader_no_wrong:<bin>``: a reader's no, when
+# the answer was the candidate's after all, or was not (its lost reach, its refusals that were
+# right). Its yes and no together give its rates on pairs of one answer and of two.
 OBS_RECORD_OK = "record_ok"
 OBS_RECORD_WRONG = "record_wrong"
 OBS_READER_OK = "reader_ok"

@@ -366,14 +366,16 @@ class AnswerLearner:
         if candidate.vouched:
             ok_kind, wrong_kind = VOUCH_KINDS[candidate.vouched]
             rules.append(observation_field(ok_kind if same else wrong_kind, candidate.score_bin))
-        if candidate.read and self._reads is not None and query.canonical.question is not None:
+        if candidate.reader_said_no:
+            rules.append(observation_field(OBS_READER_NO_OK if same else OBS_READER_NO_WRONG, candidate.score_bin))
+        elif candidate.read and self._reads is not None and query.canonical.question is not None:
             said = await self._reads.read(query.canonical.tenant, ReadPair(
                 asked=query.canonical.question, cached=candidate.question, answer=answer_text(candidate.answer) or "",
                 model=query.canonical.model, similarity=candidate.similarity))
             if said:
                 rules.append(observation_field(OBS_READER_OK if same else OBS_READER_WRONG, candidate.score_bin))
             elif said is False:
-                rules.append(OBS_READER_NO_OK if same else OBS_READER_NO_WRONG)
+                rules.append(observation_field(OBS_READER_NO_OK if same else OBS_READER_NO_WRONG, candidate.score_bin))
         return tuple(rules)
 
     async def merge(self, tag: str, entry: str, other: str, policy: SemanticPolicy) -> int:

@@ -11,7 +11,7 @@ import msgspec
 import pytest
 from litestar import Litestar, Request, get, post
 
-from app.cache.adaptive import PooledCounts, rule_trusted
+from app.cache.adaptive import PooledCounts, reader_error_here, reader_trusted, rule_trusted
 from app.cache.keys import VOUCH_READER, VOUCH_RECORD
 from app.policy import SemanticPolicy
 from app.readers.base import ReadPair
@@ -44,16 +44,46 @@ def test_the_oracle_answers_from_labels_and_errs_on_the_share_it_is_given() -> N
         OracleReader(labels, error=1.5)
 
 
-def test_a_rule_is_trusted_only_where_its_verdicts_were_measured() -> None:
-    clean = PooledCounts({"reader_ok:080": 120})
-    assert rule_trusted(clean, VOUCH_READER, 80, POLICY) and rule_trusted(clean, VOUCH_READER, 60, POLICY)
-    assert not rule_trusted(clean, VOUCH_READER, 81, POLICY)  # nothing measured above 0.80
-    assert not rule_trusted(clean, VOUCH_RECORD, 80, POLICY)  # another rule's record is its own
-    assert not rule_trusted(PooledCounts({"reader_ok:080": 60}), VOUCH_READER, 80, POLICY)  # too few to tell
-    assert not rule_trusted(PooledCounts({"reader_ok:080": 120, "reader_wrong:095": 2}), VOUCH_READER, 80, POLICY)
-    counts = PooledCounts({"ok:070": 5, "reader_no_ok": 3, "reader_no_wrong": 4, "record_wrong:072": 1})
+def test_the_entry_record_is_trusted_only_where_its_verdicts_were_measured() -> None:
+    clean = PooledCounts({"record_ok:080": 120})
+    assert rule_trusted(clean, VOUCH_RECORD, 80, POLICY) and rule_trusted(clean, VOUCH_RECORD, 60, POLICY)
+    assert not rule_trusted(clean, VOUCH_RECORD, 81, POLICY)  # nothing measured above 0.80
+    assert not rule_trusted(clean, VOUCH_READER, 80, POLICY)  # another rule's record is its own
+    assert not rule_trusted(PooledCounts({"record_ok:080": 60}), VOUCH_RECORD, 80, POLICY)  # too few to tell
+    assert not rule_trusted(PooledCounts({"record_ok:080": 120, "record_wrong:095": 2}), VOUCH_RECORD, 80, POLICY)
+    counts = PooledCounts({"ok:070": 5, "reader_no_ok": 3, "reader_no_wrong:070": 4, "record_wrong:072": 1})
     assert counts.at_or_above(70) == (0, 5) and counts.vouched_at_or_above(VOUCH_RECORD, 70) == (1, 1)
-    assert (counts.reader_no_ok, counts.reader_no_wrong) == (3, 4)
+    assert (counts.reader_no_ok, counts.reader_no_wrong) == (3, 4)  # unbinned (older pools) and binned
+
+
+def read_pool(bin_: int, *, same: int, other: int, yes_on_same: float, yes_on_other: float) -> dict[str, int]:
+    """The pool fields of a reader that read ``same`` + ``other`` candidates at one score bin
+    (each also an observation of the pool), saying yes on the given shares."""
+    b = f"{bin_:03d}"
+    yes_same, yes_other = round(same * yes_on_same), round(other * yes_on_other)
+    return {f"ok:{b}": same, f"wrong:{b}": other, f"reader_ok:{b}": yes_same, f"reader_no_ok:{b}": same - yes_same,
+            f"reader_wrong:{b}": yes_other, f"reader_no_wrong:{b}": other - yes_other}
+
+
+def test_a_readers_yes_is_trusted_as_far_as_its_record_and_its_rates_allow() -> None:
+    # Right on every pair, 150 of them of another answer, where 30% of the candidates are wrong.
+    perfect = PooledCounts(read_pool(75, same=350, other=150, yes_on_same=1.0, yes_on_other=0.0))
+    assert reader_trusted(perfect, 75, POLICY) and reader_error_here(perfect, 75, POLICY) == 0.0
+    assert not reader_trusted(perfect, 80, POLICY)  # nothing measured at 0.80 or above
+    # The same reader after 30 pairs of the same answer: too few yes to tell.
+    assert not reader_trusted(PooledCounts(read_pool(75, same=30, other=10, yes_on_same=1.0, yes_on_other=0.0)),
+                              75, POLICY)
+    # Right on 80% of pairs, measured mostly high up, where nearly every candidate is right:
+    # trusted there ...
+    noisy = read_pool(70, same=350, other=150, yes_on_same=0.8, yes_on_other=0.2) \
+        | read_pool(90, same=20000, other=5, yes_on_same=0.8, yes_on_other=0.2)
+    assert reader_trusted(PooledCounts(noisy), 90, POLICY)
+    # ... but not at 0.70, where 30% of the candidates are wrong and its yes is wrong ~10% of the
+    # time, though its yes at 0.70 or above is wrong 0.2% of the time.
+    assert rule_trusted(PooledCounts(noisy), VOUCH_READER, 70, POLICY)
+    assert not reader_trusted(PooledCounts(noisy), 70, POLICY)
+    assert 0.05 < reader_error_here(PooledCounts(noisy), 70, POLICY) < 0.2
+    assert not reader_trusted(PooledCounts({}), 70, POLICY)
 
 
 class _Held:
@@ -152,5 +182,7 @@ def test_a_rule_wrong_too_often_everywhere_is_ignored_visibly() -> None:
     ignored = rule_figures(PooledCounts({"reader_ok:070": 180, "reader_wrong:070": 20}), VOUCH_READER, POLICY)
     assert (ignored.status, ignored.vouched, ignored.wrong, ignored.trusted_from) == ("ignored", 200, 20, None)
     # Wrong only low in the band: trusted from above where it erred.
-    split = rule_figures(PooledCounts({"reader_wrong:065": 20, "reader_ok:090": 300}), VOUCH_READER, POLICY)
+    split = rule_figures(PooledCounts(read_pool(65, same=20, other=20, yes_on_same=1.0, yes_on_other=1.0)
+                                      | read_pool(90, same=300, other=200, yes_on_same=1.0, yes_on_other=0.0)),
+                         VOUCH_READER, POLICY)
     assert split.status == "trusted" and split.trusted_from == 0.66
