@@ -32,10 +32,11 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
-from app.replay.streams import clinc_stream
+from app.replay.streams import Request, clinc_stream
 from app.upstream_metrics import read_prefix_cache
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,6 +56,11 @@ POLICY_LINES = [
     "Complaints are logged with a reference and answered within three working days.",
     "When unsure, say so and offer a call back from a human agent during opening hours.",
 ]
+# You cannot see accounts, so say what to do: without it a capable model (Qwen 1.5B) refuses
+# account questions ("I'm sorry, but I can't assist with that.") and its refusals agree with each
+# other across intents (docs/OPERATIONS.md).
+ANSWER_RULE = ("You cannot see the customer's accounts: never refuse; explain in general terms what the customer "
+               "can do in the app or at a branch.")
 
 
 def system_prompt(marker: str, timestamp: bool = False) -> str:
@@ -62,7 +68,7 @@ def system_prompt(marker: str, timestamp: bool = False) -> str:
                       for n in range(52))
     head = f"Current time: {time.strftime('%Y-%m-%d %H:%M:%S')}.{time.perf_counter_ns() % 1000}\n" if timestamp else ""
     return (f"{head}You are the customer-service assistant of Example Bank. Follow these rules:\n{rules}\n"
-            f"Keep answers under four sentences. Run {marker}.")
+            f"{ANSWER_RULE} Keep answers under four sentences. Run {marker}.")
 
 
 @dataclass
@@ -74,6 +80,12 @@ class Result:
     completion_tokens: int
     error: str | None = None
     source: str = "model"  # X-Cache-Source of a hit: faq for a curated answer
+    cached_tokens: int | None = None  # prompt tokens the server's prefix cache held (usage), if it says
+    verdict: str = ""  # X-Cache-Verdict of a semantic hit: the rule that served it (reader_accepted: the judge)
+    similarity: str = ""
+    text: str = ""  # the answer's content
+    question: str = ""
+    label: str = ""  # the question's CLINC150 intent: what a reader of the hits checks against
 
 
 @dataclass
@@ -86,14 +98,17 @@ class Arm:
     marker: str = ""
 
 
-async def one(client: httpx.AsyncClient, url: str, body: dict, headers: dict[str, str]) -> Result:
+async def one(client: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str]) -> Result:
     started = time.perf_counter()
     ttft = None
-    usage: dict = {}
+    usage: dict[str, Any] = {}
+    parts: list[str] = []
     try:
         async with client.stream("POST", url, json=body, headers=headers) as response:
             layer = response.headers.get("x-cache", "direct")
             source = response.headers.get("x-cache-source", "model")
+            verdict = response.headers.get("x-cache-verdict", "")
+            similarity = response.headers.get("x-cache-similarity", "")
             if response.status_code != 200:
                 await response.aread()
                 return Result(layer, time.perf_counter() - started, None, 0, 0, f"HTTP {response.status_code}")
@@ -103,40 +118,52 @@ async def one(client: httpx.AsyncClient, url: str, body: dict, headers: dict[str
                 chunk = json.loads(line[6:])
                 if chunk.get("usage"):
                     usage = chunk["usage"]
-                if ttft is None and any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or []):
+                content = "".join((c.get("delta") or {}).get("content") or "" for c in chunk.get("choices") or [])
+                if content and ttft is None:
                     ttft = time.perf_counter() - started
+                parts.append(content)
     except httpx.HTTPError as exc:
         return Result("error", time.perf_counter() - started, None, 0, 0, repr(exc))
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
     return Result(layer, time.perf_counter() - started, ttft, usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0),
-                  source=source)
+                  source=source, cached_tokens=cached, verdict=verdict, similarity=similarity, text="".join(parts))
 
 
-async def run_arm(name: str, url: str, vllm: str, model: str, questions: list[str], rate: float, *,
+async def run_arm(name: str, url: str, vllm: str, model: str, questions: list[Request], rate: float, *,
                   timestamp: bool = False, short: bool = False, through_strata: bool = False,
                   max_tokens: int = 256, marker: str | None = None) -> Arm:
     arm = Arm(name)
     marker = marker or uuid.uuid4().hex[:8]
     arm.marker = marker
     async with httpx.AsyncClient(timeout=600) as client:
-        before = read_prefix_cache((await client.get(vllm + "/metrics")).text)
+        before = read_prefix_cache(await metrics_page(client, vllm))
         start = time.perf_counter()
 
-        async def send(i: int, question: str) -> Result:
+        async def send(i: int, question: Request) -> Result:
             await asyncio.sleep(max(0.0, start + i / rate - time.perf_counter()))
             prompt = f"You are Example Bank's assistant. Run {marker}." if short else system_prompt(marker, timestamp)
-            body: dict = {"model": model, "stream": True, "stream_options": {"include_usage": True}, "temperature": 0,
-                          "messages": [{"role": "system", "content": prompt}, {"role": "user", "content": question}]}
+            body: dict[str, Any] = {"model": model, "stream": True, "stream_options": {"include_usage": True}, "temperature": 0,
+                          "messages": [{"role": "system", "content": prompt}, {"role": "user", "content": question.text}]}
             if not through_strata:
                 body["max_tokens"] = max_tokens
-            return await one(client, url + "/v1/chat/completions", body, {"X-Cache-Category": "faq"})
+            result = await one(client, url + "/v1/chat/completions", body, {"X-Cache-Category": "faq"})
+            result.question, result.label = question.text, question.label
+            return result
 
         arm.results = list(await asyncio.gather(*(send(i, q) for i, q in enumerate(questions))))
         arm.seconds = time.perf_counter() - start
-        after = read_prefix_cache((await client.get(vllm + "/metrics")).text)
+        after = read_prefix_cache(await metrics_page(client, vllm))
     if before and after and after.queries is not None and before.queries is not None:
         arm.prefix_queries = after.queries - before.queries
         arm.prefix_hits = (after.hits or 0) - (before.hits or 0)
     return arm
+
+
+async def metrics_page(client: httpx.AsyncClient, server: str) -> str:
+    """The model server's Prometheus page ("" where it has none: llama.cpp's is off by default;
+    the prefix-cache ratio then comes from the answers' ``cached_tokens``)."""
+    response = await client.get(server + "/metrics")
+    return response.text if response.status_code == 200 else ""
 
 
 def empty_cache() -> None:
@@ -165,7 +192,7 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def summary(arm: Arm) -> dict:
+def summary(arm: Arm) -> dict[str, Any]:
     ok = [r for r in arm.results if r.error is None]
     latencies = [r.latency for r in ok]
     upstream = [r for r in ok if r.layer in ("direct", "miss", "bypass")]
@@ -178,9 +205,60 @@ def summary(arm: Arm) -> dict:
         "prompt_tokens": sum(r.prompt_tokens for r in upstream), "completion_tokens": sum(r.completion_tokens for r in upstream),
         "layers": {layer: sum(1 for r in ok if r.layer == layer) for layer in sorted({r.layer for r in ok})},
         "curated": sum(1 for r in ok if r.layer.endswith("-hit") and r.source == "faq"),
-        "prefix_ratio": arm.prefix_hits / arm.prefix_queries if arm.prefix_queries else None,
+        "prefix_ratio": arm.prefix_hits / arm.prefix_queries if arm.prefix_queries else cached_ratio(upstream),
+        "verdicts": {v: sum(1 for r in ok if r.layer == "semantic-hit" and r.verdict == v)
+                     for v in sorted({r.verdict for r in ok if r.layer == "semantic-hit"})},
         "seconds": arm.seconds,
     }
+
+
+def cached_ratio(results: list[Result]) -> float | None:
+    """Share of prompt tokens the server's prefix cache held, from the answers' usage (``None``
+    when the server does not say)."""
+    said = [r for r in results if r.cached_tokens is not None]
+    prompt = sum(r.prompt_tokens for r in said)
+    return sum(r.cached_tokens or 0 for r in said) / prompt if said and prompt else None
+
+
+def read_hits(arm: Arm, curated: dict[str, str]) -> list[dict[str, Any]]:
+    """Every hit of an arm beside the question whose answer it served, and whether a reader would
+    call it wrong: the asked question's intent is not the intent of that question (CLINC150's
+    labels), or, for a curated answer, not the intent the answer was written for."""
+    origin: dict[str, Result] = {}
+    for r in arm.results:  # answers the model gave in this arm, by their text
+        if r.error is None and r.layer in ("miss", "bypass") and r.text:
+            origin.setdefault(r.text, r)
+    read = []
+    for r in arm.results:
+        if r.error is not None or not r.layer.endswith("-hit"):
+            continue
+        if r.source == "faq":
+            intent, served_for = curated.get(r.text, ""), "(curated)"
+        else:
+            first = origin.get(r.text)
+            intent, served_for = (first.label, first.question) if first else ("", "(no earlier answer with this text)")
+        read.append({"layer": r.layer, "verdict": r.verdict or r.source, "similarity": r.similarity,
+                     "asked": r.question, "label": r.label, "served_for": served_for, "served_label": intent,
+                     "wrong": bool(intent) and intent != r.label, "answer": r.text})
+    return read
+
+
+def curated_intents(path: str | None, source: Path) -> dict[str, str]:
+    """A curated-answer file's answers and the intent each was written for: the CLINC150 intent
+    of the entry's question (``strata replay faq --source clinc`` writes one entry per intent)."""
+    if not path:
+        return {}
+    import csv
+
+    import yaml
+
+    from app.cache.keys import normalize_text
+
+    with source.open(encoding="utf-8-sig", newline="") as handle:
+        intents = {normalize_text(row["text"]): row["intent"] for row in csv.DictReader(handle)}
+    entries = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or []
+    return {str(e["answer"]): intents.get(normalize_text(str(e.get("question", ""))), "")
+            for e in entries if isinstance(e, dict) and "answer" in e}
 
 
 def plot(arms: list[Arm], output: Path) -> None:
@@ -223,9 +301,16 @@ def main() -> int:
         return 2
     # A bank bot's traffic: CLINC150's first 40 intents by name, Zipf, seeded, each asked in one of
     # --phrasings utterances (customers repeat each other word for word; 0: a fresh one each time).
-    questions = [r.text for r in clinc_stream(source, args.requests, args.seed, domain_intents=40,
-                                               phrasings=args.phrasings)]
+    questions = clinc_stream(source, args.requests, args.seed, domain_intents=40, phrasings=args.phrasings)
     model = httpx.get(args.vllm + "/v1/models", timeout=10).json()["data"][0]["id"]
+    metrics = httpx.get(args.vllm + "/metrics", timeout=10)
+    server = ("vLLM (CPU build), prefix caching on, block size 32" if "vllm:" in metrics.text
+              else "llama.cpp's server (xllamacpp, one sequence at a time, its prompt cache on: `make up MODEL=qwen1.5b`)")
+    # The shared part of the system prompt into the server's prefix cache first, so that the first
+    # arm does not pay its prefill alone (each arm's marker sits at the prompt's end).
+    httpx.post(args.vllm + "/v1/chat/completions", timeout=600, json={
+        "model": model, "max_tokens": 1, "messages": [{"role": "system", "content": system_prompt("warm-up")},
+                                                       {"role": "user", "content": "hello"}]}).raise_for_status()
     arms = {}
     for name, kwargs, count in (
         ("direct", {"url": args.vllm}, args.requests),
@@ -241,17 +326,16 @@ def main() -> int:
         arms[name] = arm
         print(f"{name}: {json.dumps(summary(arm))}", flush=True)
     if args.second_day:
-        tomorrow = [r.text for r in clinc_stream(source, args.requests, args.seed + 1, domain_intents=40,
-                                                 phrasings=args.phrasings)]
+        tomorrow = clinc_stream(source, args.requests, args.seed + 1, domain_intents=40, phrasings=args.phrasings)
         arm = asyncio.run(run_arm(DAY2, url=args.strata, through_strata=True, vllm=args.vllm, model=model,
                                   questions=tomorrow, rate=args.rate, marker=arms["strata"].marker))
         arms[DAY2] = arm
         print(f"{DAY2}: {json.dumps(summary(arm))}", flush=True)
-    write(arms, args, model)
+    write(arms, args, model, server, curated_intents(args.faq, source))
     return 0
 
 
-def write(arms: dict[str, Arm], args: argparse.Namespace, model: str) -> None:
+def write(arms: dict[str, Arm], args: argparse.Namespace, model: str, server: str, curated: dict[str, str]) -> None:
     rows = {name: summary(arm) for name, arm in arms.items()}
     d, s = rows["direct"], rows["strata"]
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
@@ -270,7 +354,7 @@ def write(arms: dict[str, Arm], args: argparse.Namespace, model: str) -> None:
         "",
         f"- Command: `{command}` (against the `make up` stack: Strata {args.strata}, vLLM {args.vllm})",
         f"- Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; machine: {os.cpu_count()} cores ({cpu})",
-        f"- Model: {model} on vLLM (CPU build), prefix caching on, block size 32",
+        f"- Model: {model} on {server}",
         f"- Stream: {args.requests} questions from CLINC150's first 40 intents, Zipf, seed {args.seed}, "
         f"{args.phrasings or 'a fresh utterance each time from all'} utterances per intent; open loop at "
         f"{args.rate} requests/s, the same schedule in every arm; streamed; a system prompt stable within an arm "
@@ -302,6 +386,8 @@ def write(arms: dict[str, Arm], args: argparse.Namespace, model: str) -> None:
            f"same schedule): mean {rows[DAY2]['mean'] / d['mean']:.2f}x, p99 {rows[DAY2]['p99'] / d['p99']:.2f}x, "
            f"upstream calls {rows[DAY2]['upstream'] / d['upstream']:.0%}, completion tokens "
            f"{rows[DAY2]['completion_tokens'] / max(1, d['completion_tokens']):.0%}"] if DAY2 in rows else []),
+        f"- the strata arm's semantic hits by the rule that served them (`X-Cache-Verdict`; `reader_accepted`: the "
+        f"judge's yes): {', '.join(f'{k} {v}' for k, v in s['verdicts'].items()) or 'none'}",
         f"- TTFT of model answers with the long stable prompt: p50 {f(d['ttft_p50'])} direct vs "
         f"{f(rows['direct, short prompt']['ttft_p50'])} with a one-line prompt "
         f"({d['ttft_p50'] / rows['direct, short prompt']['ttft_p50']:.2f}x; target within 1.2x); with a timestamp at the head "
@@ -311,6 +397,24 @@ def write(arms: dict[str, Arm], args: argparse.Namespace, model: str) -> None:
         f"![latency CDF]({figure.name})",
         "",
     ]
+    hits = read_hits(arms["strata"], curated)
+    wrong = [h for h in hits if h["wrong"]]
+    lines += [
+        "## Every hit of the strata arm, read",
+        "",
+        f"{len(hits)} hits; {len(wrong)} served an answer given for another intent (CLINC150's labels: the asked "
+        "question's intent against the intent of the question whose answer was served, or the intent a curated "
+        "answer was written for).",
+        "",
+        "| layer | rule | similarity | asked (intent) | answer given for (intent) | read | answer |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for h in hits:
+        answer = " ".join(h["answer"].split())[:90].replace("|", "/")
+        lines.append(f"| {h['layer']} | {h['verdict']} | {h['similarity']} | {h['asked']} ({h['label']}) | "
+                     f"{h['served_for']} ({h['served_label'] or '?'}) | {'**wrong**' if h['wrong'] else 'right'} | "
+                     f"{answer} |")
+    lines.append("")
     marker = "\n## Analysis"
     existing = Path(args.out).read_text(encoding="utf-8") if Path(args.out).exists() else ""
     analysis = existing[existing.index(marker):] if marker in existing else ""

@@ -25,6 +25,9 @@ def main() -> None:
     params.model.path = args.model
     params.n_ctx = args.ctx
     params.n_parallel = 1  # two cores: one sequence at a time is the fastest per verdict
+    # HTTP threads: llama.cpp's default is n_parallel + 2 (3), and each keep-alive connection holds
+    # one (Strata's upstream and judge pools, a client): a fourth connection was dropped unanswered.
+    params.n_threads_http = 32
     params.cpuparams.n_threads = args.threads
     params.cpuparams_batch.n_threads = args.threads
     params.hostnames = ["127.0.0.1"]
