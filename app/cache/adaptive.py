@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+import re
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -66,6 +67,7 @@ from app.cache.keys import (
 )
 from app.cache.verify import (
     ABOVE_BAND,
+    CURATED_WORDING,
     ENTRY_RECORD,
     OUTSIDE_BOUND,
     READER_ACCEPTED,
@@ -335,6 +337,18 @@ def entry_vouches(values: Sequence[bytes | str | None], similarity: float, polic
     return sum(confirmations) >= policy.entry_confirmations
 
 
+_NOT_A_WORD = re.compile(r"[\W_]+")
+
+
+def same_wording(asked: str, cached: bytes | str) -> bool:
+    """Whether two questions are one wording, up to case, spaces and punctuation (how a curated
+    answer's own question or variant is asked again). Narrower than
+    :meth:`CandidateCheck.same_content` on purpose: "why must I verify my identity" and "how do
+    I verify my identity" share their content words, not their wording."""
+    folded = _NOT_A_WORD.sub("", asked.casefold())
+    return bool(folded) and folded == _NOT_A_WORD.sub("", str(as_text(cached)).casefold())
+
+
 def entry_may_vouch(policy: SemanticPolicy, similarity: float, score: float) -> bool:
     """Whether an entry's record is worth reading: on, the score above its floor, and no
     other answer within ``entry_margin`` (the score holds half the margin)."""
@@ -537,7 +551,8 @@ class AdaptiveDecision:
             # A trusted reader's yes is measured only when explored, so its no is counted at the
             # same rate: its two rates stay unbiased once it serves.
             said_no = verdict.reason == READER_REJECTED and self._explore.random() < policy.explore
-            candidate = msgspec.structs.replace(candidate, vouched=vouched, read=read, reader_said_no=said_no)
+            candidate = msgspec.structs.replace(candidate, vouched=vouched, read=read, reader_said_no=said_no,
+                                                refused="" if verdict.accepted else verdict.reason)
             if turned_down is not None:  # learn about the guard of the nearer one too
                 candidate = msgspec.structs.replace(candidate, turned_down=TurnedDown(
                     root=turned_down.root, answer=turned_down.answer, guard=turned_down.guard))
@@ -570,6 +585,11 @@ class AdaptiveDecision:
         policy = query.category.semantic
         similarity = row.similarity
         wrong_before = milli(similarity) <= int(row.fields.get(FIELD_WRONG_ABOVE) or -1)
+        if not wrong_before and source_of(row) != SOURCE_MODEL and same_wording(question, row.fields[FIELD_QUESTION]):
+            # Feedback may still have vetoed the curated entry (its variants share the veto).
+            if root == row.key or milli(similarity) > int(await self._redis.hget(root, FIELD_WRONG_ABOVE) or -1):
+                return Verdict(True, CURATED_WORDING), ""
+            return Verdict(False, WRONG_BEFORE), ""
         counts = await self.pooled.counts(query.version, query.category.name, query.canonical.tenant)
         prior = similarity >= policy.accept_above and (
             not policy.prior_evidence or prior_has_evidence(counts, bin_, policy)
@@ -630,11 +650,11 @@ class AdaptiveDecision:
         ok, wrong = await self._redis.hmget(root, [f"{OBS_GUARD_OK}:{guard}", f"{OBS_GUARD_WRONG}:{guard}"])
         return int(ok or 0) >= policy.guard_lift and not int(wrong or 0)
 
-    async def precision(self, tag: str, category: str, policy: SemanticPolicy) -> Precision:
-        """The category's live figures over every tenant: the explored would-be hits estimate
-        the error of served hits."""
+    async def precision(self, tag: str, category: str, policy: SemanticPolicy, tenant: str | None = None) -> Precision:
+        """The category's live figures over every tenant (or one tenant's pool): the explored
+        would-be hits estimate the error of served hits."""
         assert policy.error_bound is not None
-        counts = await self.pooled.counts(tag, category)
+        counts = await self.pooled.counts(tag, category, tenant)
         explored = counts.explored_ok + counts.explored_wrong
         upper = wilson_upper(counts.explored_wrong, explored, z_of(policy.confidence)) if explored else None
         wrong, total = counts.at_or_above(0)

@@ -161,6 +161,9 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
         read: Whether the reader is to read it after the response (not trusted here yet).
         reader_said_no: Whether a reader trusted here said no on the request path: the model's
             answer measures that no, as it measures a read after the response.
+        refused: Why the decision refused it (``outside_bound``, ``record_unproven``,
+            ``reader_rejected``; "" when it was not refused by the decision): such a candidate
+            whose answers disagree goes to the review queue.
     """
 
     key: str
@@ -179,6 +182,7 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
     vouched: str = ""
     read: bool = False
     reader_said_no: bool = False
+    refused: str = ""
 
 
 class Verdict(msgspec.Struct, frozen=True):

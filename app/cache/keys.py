@@ -235,6 +235,14 @@ class Keyspace(msgspec.Struct, frozen=True):
     def faq_set_key(self, tag: str, name: str) -> str:
         return f"{self.namespace}:{tag}:faqset:{name}"
 
+    def review_key(self, tag: str, category: str, tenant: str) -> str:
+        """A tenant's review queue in a category (app/cache/review.py): item id -> times asked."""
+        return f"{self.namespace}:{tag}:review:{category}:{tenant}"
+
+    def review_item_key(self, tag: str, identifier: str) -> str:
+        """One item of a review queue: both questions, both answers, the similarity."""
+        return f"{self.namespace}:{tag}:review-item:{identifier}"
+
     def served_key(self, tag: str, digest: str) -> str:
         """A question served semantically (its entry digest): asked again, it is explored more often."""
         return f"{self.namespace}:{tag}:served:{digest}"

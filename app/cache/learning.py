@@ -55,6 +55,7 @@ from app.cache.keys import (
     normalize_text,
     observation_field,
 )
+from app.cache.review import ReviewItem, ReviewQueue, item_id
 from app.cache.verify import Confirm, PairAnalyzer
 from app.embed import Embedder
 from app.policy import SemanticPolicy
@@ -102,6 +103,20 @@ return 1
 # KEYS: entry. ARGV: field (guard_ok:<guard> or guard_wrong:<guard>).
 _COUNT_GUARD = """
 if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HINCRBY', KEYS[1], ARGV[1], 1) end
+return 1
+"""
+
+# A reviewer's approval of a queued pair, on an entry that still exists: confirms it so many times
+# at one score bin, and lifts the veto the pair's own differing answer set (``wrong_above`` at
+# exactly the pair's similarity, on the entry and the matched document): the reviewer read both
+# questions, the answer comparison did not. A veto set by any other observation stays.
+# KEYS: entry, matched document. ARGV: field (confirmed:<bin>), count, the pair's similarity (milli).
+_APPROVE = f"""
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HINCRBY', KEYS[1], ARGV[1], ARGV[2])
+for _, key in ipairs(KEYS) do
+  if redis.call('HGET', key, '{FIELD_WRONG_ABOVE}') == ARGV[3] then redis.call('HDEL', key, '{FIELD_WRONG_ABOVE}') end
+end
 return 1
 """
 
@@ -246,11 +261,12 @@ class AnswerLearner:
             entries of one answer; without it entries are never merged.
         keys: The keyspace (a cluster bucket's when ``redis`` is its master).
         reads: The reader's reads after the response (candidates it is not trusted for yet).
+        review: The review queue refused candidates go to (the console's); ``None``: none.
     """
 
     def __init__(self, redis: Redis, embedder: Embedder, analyzer: PairAnalyzer | None,
                  judge: Confirm | None = None, documents_of: DocumentsOf | None = None, keys: Keyspace = KEYS,
-                 reads: ReadQueue | None = None) -> None:
+                 reads: ReadQueue | None = None, review: ReviewQueue | None = None) -> None:
         self._redis = redis
         self._reads = reads
         self._keys = keys
@@ -262,6 +278,8 @@ class AnswerLearner:
         self._alias = redis.register_script(_ALIAS)
         self._merge = redis.register_script(_MERGE)
         self._count_guard = redis.register_script(_COUNT_GUARD)
+        self._approve = redis.register_script(_APPROVE)
+        self._review = review
 
     async def equivalent(self, cached: bytes, fresh: bytes, policy: SemanticPolicy) -> bool:
         """Whether two answers say the same (see :meth:`equivalents`)."""
@@ -348,6 +366,9 @@ class AnswerLearner:
                                            document=candidate.key, root=candidate.root, similarity=candidate.similarity,
                                            score_bin=candidate.score_bin, same=same, explored=candidate.explored,
                                            rules=rules, binned=not candidate.vouched)
+        if not same and candidate.refused and not candidate.explored and self._review is not None \
+                and query.canonical.question is not None:
+            await self._queue_for_review(query, candidate, fresh)
         entry = candidate.root if same else (neighbours[0].root if neighbours else None)
         if entry is None or policy.max_aliases <= 0:
             return Observed(same=same)
@@ -358,6 +379,44 @@ class AnswerLearner:
             if neighbour.root != entry:
                 merged += await self.merge(query.version, entry, neighbour.root, policy)
         return Observed(same=same, merged=merged)
+
+    async def _queue_for_review(self, query: CacheQuery, candidate: Candidate, fresh: bytes) -> None:
+        """Queue a refused candidate whose answers did not agree for people to settle (the
+        console's review queue): both questions, both answers."""
+        assert self._review is not None and query.canonical.question is not None
+        asked_document = self._keys.semantic_prefix(query.version) + query.entry_digest
+        await self._review.add(query.version, ReviewItem(
+            id=item_id(asked_document, candidate.root), tenant=query.canonical.tenant, category=query.category.name,
+            asked=query.canonical.question, asked_document=asked_document, asked_answer=answer_text(fresh) or "",
+            cached=candidate.question, document=candidate.key, root=candidate.root,
+            cached_answer=answer_text(candidate.answer) or "", similarity=round(candidate.similarity, 4),
+            score_bin=candidate.score_bin, reason=candidate.refused))
+
+    async def settle_review(self, tag: str, item: ReviewItem, approved: bool, policy: SemanticPolicy) -> bool:
+        """A reviewer's verdict on a queued pair, as observations with the reviewer as source.
+
+        Approved: the asked question's document becomes an alias of the candidate's entry, and the
+        entry's record is confirmed at the pair's score as often as it needs to vouch there
+        (``entry_confirmations``), and the veto the pair's differing answer set is lifted, so the next
+        paraphrase is served. Rejected: the candidate's
+        document and entry are vetoed at the pair's similarity and below. The pools do not count
+        either (a reviewed pair is a chosen sample, not the traffic's).
+
+        Returns:
+            Whether the verdict took effect (``False``: the entry is gone, or the alias cap is full).
+        """
+        if not approved:
+            await self.observations.record(tag, item.category, item.tenant, document=item.document, root=item.root,
+                                           similarity=item.similarity, score_bin=item.score_bin, same=False,
+                                           pooled=False)
+            return True
+        aliased = int(await self._alias(keys=[item.asked_document, item.root], args=[policy.max_aliases]))
+        if aliased != 1:
+            return False
+        await self._approve(keys=[item.root, item.document], args=[
+            observation_field(OBS_CONFIRMED, item.score_bin), max(1, policy.entry_confirmations),
+            round(item.similarity * 1000)])
+        return True
 
     async def _rules_measured(self, query: CacheQuery, candidate: Candidate, same: bool) -> tuple[str, ...]:
         """The pool fields this answered candidate measures: the rule that vouched for it, and

@@ -64,6 +64,9 @@ RECORD_UNPROVEN = "record_unproven"
 # A reader (app/readers) said yes where its yes was measured right often enough: served.
 READER_ACCEPTED = "reader_accepted"
 READER_REJECTED = "reader_rejected"
+# A curated answer's own wording (its question or a listed variant, up to punctuation and case):
+# the operator wrote that answer for those words, so no measurement is needed to serve it.
+CURATED_WORDING = "curated_wording"
 
 _TOKEN = re.compile(r"[a-z0-9]+(?:'[a-z]+)?|[\u3400-\u9fff]")
 _NUMBER = re.compile(r"\d+(?:\.\d+)?|[零一二两三四五六七八九十百千万亿]+(?=[个元块号日月年天次期笔张位岁%])")
