@@ -39,6 +39,8 @@ class KeyRecord(msgspec.Struct, frozen=True, kw_only=True):
             per-user categories, which no header or body field can then change.
         may_refresh: Whether ``Cache-Control: no-cache`` from this key may rewrite the answer the
             tenant's other clients are served (a tenant policy; otherwise it only skips the lookup).
+        operator: Whether the key signs its tenant's operators in to the console (``/console``),
+            where they see and change that tenant's cache only.
     """
 
     id: str
@@ -49,6 +51,7 @@ class KeyRecord(msgspec.Struct, frozen=True, kw_only=True):
     revoked: bool = False
     user: str | None = None
     may_refresh: bool = False
+    operator: bool = False
 
 
 class Caller(msgspec.Struct, frozen=True, kw_only=True):
@@ -58,11 +61,13 @@ class Caller(msgspec.Struct, frozen=True, kw_only=True):
         tenant: The tenant.
         user: The key's own user, or ``None`` for a tenant-wide key (or no keys file).
         may_refresh: Whether the key may rewrite shared entries with ``no-cache``.
+        operator: Whether the key is a tenant operator's (the console).
     """
 
     tenant: str
     user: str | None = None
     may_refresh: bool = False
+    operator: bool = False
 
 
 class KeysFile(msgspec.Struct, kw_only=True):
@@ -91,18 +96,21 @@ def write_keys(path: Path, keys: KeysFile) -> None:
     temporary.replace(path)
 
 
-def add_key(path: Path, tenant: str, *, user: str | None = None, may_refresh: bool = False) -> tuple[str, KeyRecord]:
+def add_key(path: Path, tenant: str, *, user: str | None = None, may_refresh: bool = False,
+            operator: bool = False) -> tuple[str, KeyRecord]:
     """Create a key for a tenant (or one of its users); returns the key (shown once) and its record."""
     if not tenant or len(tenant) > 256:
         raise ValueError("a tenant name must have 1 to 256 characters")
     if user is not None and not valid_user(user):
         raise ValueError(f"a user id has 1 to {MAX_USER_CHARS} printable characters")
+    if operator and user is not None:
+        raise ValueError("an operator key is the tenant's, not one user's")
     keys = read_keys(path)
     key_id = secrets.token_hex(6)
     secret = secrets.token_urlsafe(32)
     salt = secrets.token_hex(16)
     record = KeyRecord(id=key_id, tenant=tenant, salt=salt, sha256=_digest(salt, secret), created_at=int(time.time()),
-                       user=user, may_refresh=may_refresh)
+                       user=user, may_refresh=may_refresh, operator=operator)
     keys.keys.append(record)
     write_keys(path, keys)
     return f"{KEY_PREFIX}{key_id}-{secret}", record
@@ -171,4 +179,4 @@ class TenantResolver:
         record = self._by_id.get(key_id)
         if record is None or not hmac.compare_digest(_digest(record.salt, secret), record.sha256):
             raise Unauthorized("the API key is not valid", code="invalid_api_key")
-        return Caller(tenant=record.tenant, user=record.user, may_refresh=record.may_refresh)
+        return Caller(tenant=record.tenant, user=record.user, may_refresh=record.may_refresh, operator=record.operator)

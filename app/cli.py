@@ -8,7 +8,7 @@
     strata replay run --stream FILE (--url URL | --simulate [--faq FILE.yaml]) [--category NAME] [--policy FILE] [--plot FILE.png]
     strata replay faq --out FILE.yaml [--per-intent N] [--category NAME]
     strata faq load FILE.csv|FILE.yaml [--name NAME]
-    strata keys [--file KEYS.json] add --tenant NAME [--user ID] [--may-refresh] | revoke KEY_ID | list
+    strata keys [--file KEYS.json] add --tenant NAME [--user ID] [--may-refresh] [--operator] | revoke KEY_ID | list
     strata cache invalidate ... | audit ...   (app/ops.py)
     strata top [--url URL]                    (app/top.py)
 
@@ -294,6 +294,8 @@ def cmd_replay_run(args: argparse.Namespace, settings: Settings) -> int:
         args.judge = "oracle"  # the error is the oracle's
     if args.judge and not args.simulate:
         return fail("--judge goes with --simulate; a running Strata reads with STRATA_JUDGE_URL")
+    if args.review and (not args.simulate or not 0 < args.review <= 1000):
+        return fail("--review goes with --simulate: the queue items settled per 1,000 requests (1 to 1000)")
     if args.category not in categories:
         return fail(f"unknown category {args.category!r}; known: {', '.join(sorted(categories))}")
     started = time.perf_counter()
@@ -311,7 +313,7 @@ def cmd_replay_run(args: argparse.Namespace, settings: Settings) -> int:
         from app.replay.simulate import run_simulated
 
         report = run_simulated(stream, settings=settings, category=args.category, faq=faq, feedback=args.feedback,
-                               judge=args.judge, judge_error=args.judge_error)
+                               judge=args.judge, judge_error=args.judge_error, review=args.review)
         where = "simulated (own Redis Stack, labelled upstream, in-process Strata)"
     else:
         async def go() -> Report:
@@ -408,8 +410,9 @@ def cmd_keys(args: argparse.Namespace, settings: Settings) -> int:
         return fail("no keys file: pass --file or set STRATA_KEYS_FILE")
     try:
         if args.action == "add":
-            key, record = add_key(path, args.tenant, user=args.user, may_refresh=args.may_refresh)
+            key, record = add_key(path, args.tenant, user=args.user, may_refresh=args.may_refresh, operator=args.operator)
             whose = f"user {record.user!r} of tenant {record.tenant!r}" if record.user else f"tenant {record.tenant!r}"
+            whose += " (operator: signs in to /console)" if record.operator else ""
             print(f"key id {record.id} for {whose} (shown once, store it now):")
             print(key)
         elif args.action == "revoke":
@@ -420,7 +423,8 @@ def cmd_keys(args: argparse.Namespace, settings: Settings) -> int:
             for record in read_keys(path).keys:
                 state = "revoked" if record.revoked else "active"
                 print(f"{record.id}\t{state}\t{record.tenant}\t{record.user or '-'}\t"
-                      f"{'may-refresh' if record.may_refresh else '-'}\t{time.strftime('%Y-%m-%d', time.gmtime(record.created_at))}")
+                      f"{'may-refresh' if record.may_refresh else '-'}\t{'operator' if record.operator else '-'}\t"
+                      f"{time.strftime('%Y-%m-%d', time.gmtime(record.created_at))}")
     except ValueError as exc:
         return fail(str(exc))
     return 0
@@ -498,6 +502,9 @@ def parser() -> argparse.ArgumentParser:
                           help="with --simulate: the grey zone's reader answers from the stream's labels")
     run_step.add_argument("--judge-error", type=float, default=0.0, metavar="P",
                           help="with --simulate: the oracle judge is wrong on this share of the pairs it reads")
+    run_step.add_argument("--review", type=int, default=0, metavar="N",
+                          help="with --simulate: a reviewer settles the N most asked review-queue items per 1,000 "
+                               "requests, knowing the stream's labels (the console's review queue)")
     run_step.add_argument("--settle", action="store_true",
                           help="with --url: after each request, wait until strata_judge_pending on /metrics is 0")
     run_step.set_defaults(run=cmd_replay_run)
@@ -526,6 +533,8 @@ def parser() -> argparse.ArgumentParser:
     add.add_argument("--user", help="a key of one user: the identity of per-user categories (scope: user)")
     add.add_argument("--may-refresh", action="store_true",
                      help="Cache-Control: no-cache from this key rewrites the tenant's shared entries")
+    add.add_argument("--operator", action="store_true",
+                     help="a tenant operator's key: signs in to the console (/console) for this tenant only")
     revoke = actions.add_parser("revoke", help="revoke a key by its id")
     revoke.add_argument("key_id")
     actions.add_parser("list", help="key ids, state and tenants (never the keys)")

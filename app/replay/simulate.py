@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Self
@@ -125,9 +125,58 @@ class LabelledUpstream:
         return Litestar([chat, models])
 
 
+class Reviewer:
+    """The console's reviewer, simulated: every ``1000 / per_thousand`` requests it settles the
+    most asked item of the default tenant's queue, approving exactly when both questions carry
+    the same label (what a person who knows the answers would say).
+
+    Args:
+        resources: The in-process Strata's resources.
+        labels: Each question's label (normalised text).
+        category: The category replayed.
+        per_thousand: Items settled per 1,000 requests.
+        settle: What else runs after each request (the observations settling).
+    """
+
+    def __init__(self, resources: Any, labels: dict[str, str], category: str, per_thousand: int,
+                 settle: Any) -> None:
+        self._resources = resources
+        self._labels = labels
+        self._category = category
+        self._every = 1000 / per_thousand
+        self._settle = settle
+        self._requests = 0
+        self._due = self._every
+        self.settled = Counter[str]()
+
+    async def after_each(self) -> None:
+        await self._settle()
+        self._requests += 1
+        while self._requests >= self._due:
+            self._due += self._every
+            await self._settle_one()
+
+    async def _settle_one(self) -> None:
+        cache = self._resources.cache
+        tag = cache.known_version
+        if tag is None or not cache.each:
+            return
+        bucket = cache.each[cache.buckets.of("default", self._category)]
+        items = await bucket.review.items(tag, self._category, "default", count=1)
+        if not items or bucket.learner is None:
+            return
+        item = items[0]
+        asked, cached = self._labels.get(normalize_text(item.asked)), self._labels.get(normalize_text(item.cached))
+        if asked is not None and cached is not None:
+            policy = self._resources.policy.categories[self._category].semantic
+            await bucket.learner.settle_review(tag, item, asked == cached, policy)
+            self.settled["approved" if asked == cached else "rejected"] += 1
+        await bucket.review.remove(tag, item)
+
+
 def run_simulated(stream: list[Any], *, settings: Settings, category: str, encoder: Any = None,
                   faq: list[Any] | None = None, feedback: float = 0.0, judge: str = "",
-                  judge_error: float = 0.0) -> Any:
+                  judge_error: float = 0.0, review: int = 0) -> Any:
     """Replay a stream through an in-process Strata over an own, empty Redis Stack and the
     labelled upstream; observations settle after every request, so the counts are the same
     on every run of the same stream.
@@ -141,6 +190,8 @@ def run_simulated(stream: list[Any], *, settings: Settings, category: str, encod
         judge: ``oracle``: the grey zone's reader answers from the stream's labels (for categories
             with ``semantic.reader``); "": the configured reader, if any.
         judge_error: The oracle's share of wrong verdicts, drawn at random (seeded).
+        review: Review-queue items a simulated reviewer settles per 1,000 requests, the most asked
+            first, approving exactly when the stream's labels agree (the console's reviewer).
 
     Returns:
         The ``app.replay.run.Report``.
@@ -192,7 +243,11 @@ def run_simulated(stream: list[Any], *, settings: Settings, category: str, encod
                     known = {curated_answer(r.label): r.label for r in stream}
                     for item in faq:
                         known.setdefault(item.answer, f"faq:{item.question}")
+                labels = {normalize_text(r.text): r.label for r in stream}
+                settle = resources.pipeline.settle
+                if review:
+                    settle = Reviewer(resources, labels, category, review, settle).after_each
                 return await replay(stream, client, model="simulated", category=category,
-                                    after_each=resources.pipeline.settle, known_answers=known, feedback=feedback)
+                                    after_each=settle, known_answers=known, feedback=feedback)
 
         return asyncio.run(go())
