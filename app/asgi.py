@@ -21,6 +21,7 @@ from app.errors import EXCEPTION_HANDLERS
 from app.lifespan import Resources, build_resources, lifespan
 from app.readers.base import Reader
 from app.settings import Settings
+from app.web.console import ConsoleController, console_exception_handlers, template_config
 
 
 def _resources(request: Request[Any, Any, Any]) -> Resources:
@@ -43,11 +44,12 @@ def create_app(settings: Settings | None = None, encoder: Encoder | None = None,
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return Litestar(
         route_handlers=[ChatController, ResponsesController, MessagesController, FeedbackController, OpenAISurfaceController,
-                        AdminController, HealthController, OpenAPIController],
+                        AdminController, HealthController, OpenAPIController, ConsoleController],
         # Strata serves its own document at /openapi.json (app/api/openapi.py).
         openapi_config=None,
         dependencies={"resources": Provide(_resources, sync_to_thread=False)},
-        exception_handlers=EXCEPTION_HANDLERS,
+        exception_handlers={**EXCEPTION_HANDLERS, **console_exception_handlers()},
+        template_config=template_config(),
         lifespan=[lifespan],
         state=State({"resources_factory": lambda: build_resources(settings, encoder, reader)}),
         request_max_body_size=settings.limits.max_body_bytes,

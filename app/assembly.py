@@ -30,6 +30,8 @@ from app.cache.judge import AnswerJudge
 from app.cache.layered import LayeredCache, RequestCache
 from app.cache.learning import AnswerLearner, ObservationWriter
 from app.cache.receipts import ResponseIds, parse_secrets
+from app.cache.recent import RecentHits
+from app.cache.review import ReviewQueue
 from app.cache.routed import RoutedCache, RoutedInvalidator
 from app.cache.semantic import SemanticCache, adopt_embedder, index_dims
 from app.cache.verify import CandidateCheck, PairVerifier, load_verifier
@@ -87,6 +89,8 @@ class BucketCache:
     cache: LayeredCache
     semantic: SemanticCache | None
     invalidator: CacheInvalidator
+    review: ReviewQueue
+    learner: AnswerLearner | None
 
 
 @dataclass(frozen=True)
@@ -193,6 +197,7 @@ def assemble(settings: Settings, policy: Policy, buckets: Buckets, metrics: Metr
         generations = ScopeGenerations(redis, keys)
         layers: list[CacheLayer] = [ExactCache(redis, keys)]
         semantic = learner = None
+        review = ReviewQueue(redis, keys)
         if parts is not None:
             semantic = SemanticCache(redis, parts.embedder, settings.resolve(options.index_schema), parts.check,
                                      learning_refresh_s=options.learning_refresh_s, keys=keys,
@@ -201,13 +206,14 @@ def assemble(settings: Settings, policy: Policy, buckets: Buckets, metrics: Metr
                                      on_read=lambda name, verdict: metrics.reader_verdicts.labels(name, "now", verdict).inc())
             layers.append(semantic)
             learner = AnswerLearner(redis, parts.embedder, parts.verifier.analyzer, judge=parts.judge,
-                                    documents_of=semantic.documents_of, keys=keys, reads=parts.reads)
+                                    documents_of=semantic.documents_of, keys=keys, reads=parts.reads,
+                                    review=review)
         served = ServedQuestions(redis, keys)
         cache = LayeredCache(versions, layers, metrics, lookup_timeout_s=settings.lookup_timeout_s,
                              judge_timeout_s=options.judge_timeout_s, learner=learner,
                              max_learning=options.learning_max_pending, generations=generations, served=served)
         invalidator = CacheInvalidator(redis, versions, generations, policy, semantic, audit=audit)
-        each.append(BucketCache(bucket, versions, generations, cache, semantic, invalidator))
+        each.append(BucketCache(bucket, versions, generations, cache, semantic, invalidator, review, learner))
     routed: RequestCache
     invalidating: Invalidator
     if buckets.clustered:
@@ -236,11 +242,11 @@ def assemble(settings: Settings, policy: Policy, buckets: Buckets, metrics: Metr
 
 
 def pipeline_over(parts: CacheParts, settings: Settings, upstream: Upstream, metrics: Metrics,
-                  ids: ResponseIds | None = None) -> ChatPipeline:
+                  ids: ResponseIds | None = None, recent: RecentHits | None = None) -> ChatPipeline:
     """The request path over a cache: lookups, single flight, the relay and the write-back."""
     relay = Relay(upstream, parts.cache, metrics, parts.caps)
     return ChatPipeline(limits=settings.limits, cache=parts.cache, relay=relay, metrics=metrics,
-                        flight=parts.flight, caps=parts.caps, ids=ids)
+                        flight=parts.flight, caps=parts.caps, ids=ids, recent=recent)
 
 
 async def reconcile(redis: Redis, versions: VersionTag, semantic: SemanticCache | None) -> str:

@@ -27,6 +27,7 @@ from app.cache.base import CACHE_ERRORS, SharedRedis
 from app.cache.buckets import Buckets, ClusterUnavailable, open_buckets
 from app.cache.invalidation import sweep_stale_generations
 from app.cache.receipts import ResponseIds
+from app.cache.recent import RecentHits
 from app.cache.usage import UsageCounts
 from app.cache.version import sweep_stale_versions
 from app.embed import Encoder, load_encoder
@@ -55,6 +56,7 @@ class Resources:
         usage: This worker's requests by category and outcome, flushed to Redis.
         semantic_parts: The embedder and the verification, kept to build a late cluster's cache.
         ids: Mints hits' response ids and opens them for feedback (its secret adopted at start).
+        recent: This worker's recent semantic hits, in memory (the console's "served" page).
     """
 
     settings: Settings
@@ -69,12 +71,13 @@ class Resources:
     cache: CacheParts
     pipeline: ChatPipeline
     ids: ResponseIds
+    recent: RecentHits
     background: set[asyncio.Task[Any]] = field(default_factory=set)
 
     def use(self, cache: CacheParts) -> None:
         """Serve from ``cache`` from now on (a cluster that answered after start-up)."""
         self.cache = cache
-        self.pipeline = pipeline_over(cache, self.settings, self.upstream, self.metrics, self.ids)
+        self.pipeline = pipeline_over(cache, self.settings, self.upstream, self.metrics, self.ids, self.recent)
 
     def spawn(self, work: Coroutine[Any, Any, Any], name: str) -> None:
         """Run work in the background; failures are logged, the task is kept until done."""
@@ -123,10 +126,11 @@ async def build_resources(settings: Settings, encoder: Encoder | None = None, re
     limits = settings.limits
     rate_limiter = TenantRateLimiter(limits.tenant_rps, limits.tenant_burst or limits.tenant_rps, settings.workers)
     ids = response_ids(settings)
+    recent = RecentHits()
     cache = assemble(settings, policy, buckets, metrics, parts, ids)
     return Resources(ids=ids, settings=settings, policy=policy, upstream=upstream, metrics=metrics, usage=usage, tenants=tenants,
                      hygiene=hygiene, rate_limiter=rate_limiter, semantic_parts=parts, cache=cache,
-                     pipeline=pipeline_over(cache, settings, upstream, metrics, ids))
+                     pipeline=pipeline_over(cache, settings, upstream, metrics, ids, recent), recent=recent)
 
 
 async def sweep_after(bucket: BucketCache, current: str) -> None:

@@ -14,6 +14,7 @@ from app.cache.base import CacheHit
 from app.cache.keys import canonicalize
 from app.cache.layered import CacheMode, CachePlan, RequestCache
 from app.cache.receipts import ResponseIds
+from app.cache.recent import RecentHits
 from app.chat import ChatCall, ChatResult, Outcome
 from app.errors import StrataError
 from app.metrics import Metrics
@@ -36,12 +37,14 @@ class ChatPipeline:
         flight: Single flight across workers; ``None`` to ask the upstream for every miss.
         caps: L4, the learnt ``max_tokens`` of requests that name none; ``None``: the default.
         ids: Mints hits' response ids, which carry what served them; ``None``: plain ids.
+        recent: Where semantic hits are kept for the console (in memory); ``None``: nowhere.
     """
 
     def __init__(self, *, limits: LimitSettings, cache: RequestCache, relay: Relay, metrics: Metrics,
                  flight: SingleFlight | None = None, caps: TokenCaps | None = None,
-                 ids: ResponseIds | None = None) -> None:
+                 ids: ResponseIds | None = None, recent: RecentHits | None = None) -> None:
         self._limits = limits
+        self._recent = recent
         self._ids = ids
         self._caps = caps
         self._cache = cache
@@ -84,6 +87,8 @@ class ChatPipeline:
             # The id is the hit's receipt (app/cache/receipts.py): feedback reads it, Redis is not written.
             response_id = self._ids.mint(plan.query, hit) if self._ids is not None else new_completion_id()
             result = serve_hit(hit, request, started, self._metrics, category=call.category.name, response_id=response_id)
+            if self._recent is not None:
+                self._recent.add(plan.query, hit, response_id)
             self._cache.remember(plan, hit)  # a served question, where its category explores repeats
             return result
         exchange = Exchange(body={}, stream=request.stream, plan=plan, started=started, category=call.category.name,

@@ -209,6 +209,12 @@ class ResponseIds:
             self._signer = hmac.new(secret, _DOMAIN, hashlib.sha256)
 
     @property
+    def signing_secret(self) -> bytes | None:
+        """The secret ids are signed with (shared by every worker once adopted); the console
+        derives its session key from it."""
+        return self._signing[1] if self._signing is not None else None
+
+    @property
     def ready(self) -> bool:
         """Whether ids can be signed (a secret is configured or adopted)."""
         return self._signing is not None and self.ttl_s > 0

@@ -1,0 +1,72 @@
+"""The recent semantic hits of this worker, in memory, for the console's "what was served" page.
+
+Kept in a bounded ring per worker (``RECENT_HITS``), never in Redis: a hit writes nothing
+(issue #32). A restart forgets them; every hit's response id still names it for feedback.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import msgspec
+
+from app.cache.base import CacheHit, CacheQuery
+
+RECENT_HITS = 500
+
+
+class ServedHit(msgspec.Struct, frozen=True, kw_only=True):
+    """One semantic hit as served.
+
+    Attributes:
+        at: Unix time it was served.
+        response_id: Its response id (the receipt feedback takes).
+        tenant: Whose question.
+        category: Its category.
+        asked: The asked question.
+        cached: The cached question whose answer it served.
+        similarity: Their cosine similarity.
+        verdict: The rule that served it (``X-Cache-Verdict``).
+        source: ``model`` or ``faq``.
+        answer: The answer served (its text).
+    """
+
+    at: float
+    response_id: str
+    tenant: str
+    category: str
+    asked: str
+    cached: str
+    similarity: float
+    verdict: str
+    source: str
+    answer: str
+
+
+class RecentHits:
+    """The last :data:`RECENT_HITS` semantic hits of this worker, newest first."""
+
+    def __init__(self, size: int = RECENT_HITS) -> None:
+        self._hits: deque[ServedHit] = deque(maxlen=size)
+
+    def add(self, query: CacheQuery, hit: CacheHit, response_id: str) -> None:
+        if hit.layer != "semantic":
+            return
+        message = ((hit.decoded or {}).get("choices") or [{}])[0].get("message") or {}
+        self._hits.appendleft(ServedHit(
+            at=time.time(), response_id=response_id, tenant=query.canonical.tenant, category=query.category.name,
+            asked=query.canonical.question or "", cached=hit.matched_question or "", similarity=hit.similarity or 0.0,
+            verdict=hit.reason or "", source=hit.source, answer=str(message.get("content") or "")))
+
+    def latest(self, *, tenant: str | None = None, category: str | None = None, verdict: str | None = None,
+               count: int = 100) -> list[ServedHit]:
+        """The newest hits that match every filter given."""
+        found = []
+        for hit in self._hits:
+            if (tenant is None or hit.tenant == tenant) and (category is None or hit.category == category) \
+                    and (verdict is None or hit.verdict == verdict):
+                found.append(hit)
+                if len(found) == count:
+                    break
+        return found
