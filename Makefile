@@ -52,6 +52,7 @@ $(STAMP): pyproject.toml
 $(TEST_STAMP): $(STAMP)
 	$(PIP) install -q -e ".[test]" "torch==$(TORCH_VERSION)"
 	@command -v tmux >/dev/null || { [ "$$(id -u)" = 0 ] && (apt-get install -y -qq tmux >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq tmux >/dev/null 2>&1)) || echo "note: tmux not installed; the strata top test is skipped"; }
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && (apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1)) || echo "note: chromium not installed (Debian package chromium); the console's browser test is skipped"; }
 	@command -v promtool >/dev/null || { [ "$$(id -u)" = 0 ] && (apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1)) || echo "note: promtool not installed (Debian package prometheus); the alert-rules check is skipped"; }
 	@touch $@
 
@@ -69,6 +70,10 @@ $(CALIBRATE_STAMP): $(STAMP)
 # docs/OPERATIONS.md says why llama.cpp); requests name it `qwen2.5-coder-1.5b-instruct`.
 MODEL ?=
 QWEN_UPSTREAM = STRATA_JUDGE_PORT=$(VLLM_PORT) STRATA_JUDGE_DIR=$(RUN)/qwen PYTHON=$(PY) readers/judge.sh
+# With it, the grey zone's judge (issue #33) is the same server, unless STRATA_JUDGE_URL names another.
+QWEN_STRATA_ENV = STRATA_JUDGE_URL=$${STRATA_JUDGE_URL:-http://127.0.0.1:$(VLLM_PORT)/v1}
+# Extra environment of the Strata process (VAR=value ...).
+STRATA_ENV ?=
 
 up: deps
 	@mkdir -p $(RUN)/strata
@@ -78,13 +83,13 @@ up: deps
 	  qwen1.5b) $(QWEN_UPSTREAM) start || { echo "make up: the Qwen 1.5B server failed; log: $(RUN)/qwen/judge.log" >&2; exit 1; } ;; \
 	  *) echo "make up: unknown MODEL=$(MODEL) (known: qwen1.5b; none: SmolLM2 on vLLM)" >&2; exit 2 ;; \
 	esac
-	@$(MAKE) --no-print-directory strata-start
+	@$(MAKE) --no-print-directory strata-start $(if $(filter qwen1.5b,$(MODEL)),STRATA_ENV="$(QWEN_STRATA_ENV)")
 
 strata-start:
 	@pidfile=$(RUN)/strata/strata.pid; log=$(RUN)/strata/strata.log; \
 	if [ -f $$pidfile ] && kill -0 $$(cat $$pidfile) 2>/dev/null; then \
 	  echo "strata: already running on $(STRATA_HOST):$(STRATA_PORT) (pid $$(cat $$pidfile))"; exit 0; fi; \
-	nohup $(PY) -m app.serve >$$log 2>&1 & echo $$! >$$pidfile; \
+	nohup env $(STRATA_ENV) $(PY) -m app.serve >$$log 2>&1 & echo $$! >$$pidfile; \
 	for i in $$(seq 1 100); do \
 	  if curl -fsS -m 1 http://$(STRATA_HOST):$(STRATA_PORT)/health >/dev/null 2>&1; then \
 	    echo "strata: running on $(STRATA_HOST):$(STRATA_PORT) (log $$log)"; exit 0; fi; \
@@ -176,6 +181,13 @@ load: deps
 
 # The seed's savings with the real model: one stream straight to vLLM and through Strata (the
 # `make up` stack), same open-loop schedule; writes docs/REPLAY.md and its latency CDF.
+# With MODEL=qwen1.5b (issue #34): 150 requests at 0.2/s (llama.cpp answers one at a time, ~4 s
+# each), the short and timestamp arms 10 each (a full prefill takes ~25 s), and the curated FAQ of
+# `strata replay faq` loaded before the strata arm; the judge is the same server.
+QWEN_REPLAY_ARGS = --requests 150 --rate 0.2 --side-requests 10 --faq $(RUN)/replay/clinc-faq3.yaml
+REPLAY_ARGS ?= $(if $(filter qwen1.5b,$(MODEL)),$(QWEN_REPLAY_ARGS))
 bench-replay: calibrate-deps
-	@$(MAKE) --no-print-directory up
+	@$(MAKE) --no-print-directory up MODEL=$(MODEL)
+	@[ -z "$(filter qwen1.5b,$(MODEL))" ] || [ -f $(RUN)/replay/clinc-faq3.yaml ] || \
+	  $(PY) -m app.cli replay faq --source clinc --per-intent 3 --category faq --out $(RUN)/replay/clinc-faq3.yaml
 	$(PY) -m bench.replay_vllm $(REPLAY_ARGS)

@@ -162,8 +162,13 @@ async def run_arm(name: str, url: str, vllm: str, model: str, questions: list[Re
 async def metrics_page(client: httpx.AsyncClient, server: str) -> str:
     """The model server's Prometheus page ("" where it has none: llama.cpp's is off by default;
     the prefix-cache ratio then comes from the answers' ``cached_tokens``)."""
-    response = await client.get(server + "/metrics")
-    return response.text if response.status_code == 200 else ""
+    for _ in range(2):  # a kept-alive connection the server closed while the arm ran: once more, afresh
+        try:
+            response = await client.get(server + "/metrics")
+        except httpx.TransportError:
+            continue
+        return response.text if response.status_code == 200 else ""
+    return ""
 
 
 def empty_cache() -> None:
