@@ -53,6 +53,7 @@ $(TEST_STAMP): $(STAMP)
 	$(PIP) install -q -e ".[test]" "torch==$(TORCH_VERSION)"
 	@command -v tmux >/dev/null || { [ "$$(id -u)" = 0 ] && (apt-get install -y -qq tmux >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq tmux >/dev/null 2>&1)) || echo "note: tmux not installed; the strata top test is skipped"; }
 	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && (apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1)) || echo "note: chromium not installed (Debian package chromium); the console's browser test is skipped"; }
+	@[ -d /usr/share/fonts/truetype/wqy ] || { [ "$$(id -u)" = 0 ] && apt-get install -y -qq --no-install-recommends fonts-wqy-zenhei >/dev/null 2>&1; } || echo "note: no CJK font (Debian package fonts-wqy-zenhei); the console's screenshots show Chinese as boxes"
 	@command -v promtool >/dev/null || { [ "$$(id -u)" = 0 ] && (apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1)) || echo "note: promtool not installed (Debian package prometheus); the alert-rules check is skipped"; }
 	@touch $@
 

@@ -52,6 +52,7 @@ class Report:
     outcomes: list[Replayed] = field(default_factory=list)
     errors: int = 0
     feedback: int = 0  # wrong hits reported by the asker (POST /v1/feedback)
+    reviews: dict[str, int] = field(default_factory=dict)  # queue items a simulated reviewer settled, by verdict
 
     def count(self, layer: str, part: Sequence[Replayed] | None = None) -> int:
         return sum(1 for o in (self.outcomes if part is None else part) if o.layer == layer)
@@ -91,6 +92,8 @@ class Report:
     def summary(self, window: int) -> str:
         total = len(self.outcomes)
         lines = [f"requests: {total}, errors: {self.errors}, wrong hits reported by feedback: {self.feedback}"]
+        if self.reviews:
+            lines.append("review queue settled: " + ", ".join(f"{k} {v}" for k, v in sorted(self.reviews.items())))
         for layer in LAYERS:
             n = self.count(layer)
             lines.append(f"  {layer:<13} {n:>6}  {n / max(1, total):7.2%}")
@@ -113,7 +116,7 @@ class Report:
     def to_json(self, window: int) -> bytes:
         total = max(1, len(self.outcomes))
         return msgspec.json.format(msgspec.json.encode({
-            "requests": len(self.outcomes), "errors": self.errors, "feedback": self.feedback,
+            "requests": len(self.outcomes), "errors": self.errors, "feedback": self.feedback, "reviews": self.reviews,
             "layers": {layer: self.count(layer) / total for layer in LAYERS},
             "semantic_wrong": self.wrong("semantic-hit"), "exact_wrong": self.wrong("exact-hit"),
             "semantic_wrong_by_kind": self.wrong_kinds(),

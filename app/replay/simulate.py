@@ -164,6 +164,7 @@ class Reviewer:
         bucket = cache.each[cache.buckets.of("default", self._category)]
         items = await bucket.review.items(tag, self._category, "default", count=1)
         if not items or bucket.learner is None:
+            self.settled["empty"] += 1
             return
         item = items[0]
         asked, cached = self._labels.get(normalize_text(item.asked)), self._labels.get(normalize_text(item.cached))
@@ -171,7 +172,9 @@ class Reviewer:
             policy = self._resources.policy.categories[self._category].semantic
             await bucket.learner.settle_review(tag, item, asked == cached, policy)
             self.settled["approved" if asked == cached else "rejected"] += 1
-        await bucket.review.remove(tag, item)
+        else:
+            self.settled["unlabelled"] += 1
+        await bucket.review.remove(tag, item)  # settled or not, a reviewer moves on
 
 
 def run_simulated(stream: list[Any], *, settings: Settings, category: str, encoder: Any = None,
@@ -245,9 +248,13 @@ def run_simulated(stream: list[Any], *, settings: Settings, category: str, encod
                         known.setdefault(item.answer, f"faq:{item.question}")
                 labels = {normalize_text(r.text): r.label for r in stream}
                 settle = resources.pipeline.settle
-                if review:
-                    settle = Reviewer(resources, labels, category, review, settle).after_each
-                return await replay(stream, client, model="simulated", category=category,
-                                    after_each=settle, known_answers=known, feedback=feedback)
+                reviewer = Reviewer(resources, labels, category, review, settle) if review else None
+                report = await replay(stream, client, model="simulated", category=category,
+                                      after_each=reviewer.after_each if reviewer else settle,
+                                      known_answers=known, feedback=feedback)
+                if reviewer is not None:
+                    report.reviews = {"approved": reviewer.settled["approved"], "rejected": reviewer.settled["rejected"],
+                                      "unlabelled": reviewer.settled["unlabelled"], "queue_empty": reviewer.settled["empty"]}
+                return report
 
         return asyncio.run(go())

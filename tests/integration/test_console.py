@@ -86,7 +86,6 @@ def test_sign_in_review_approve_serves_the_next_paraphrase_and_reject_vetoes(
         strata: str, fake_upstream: FakeUpstream, browser: Any, keys: dict[str, str], redis_sync: redis.Redis) -> None:
     queued(strata, fake_upstream, keys["default"], "怎么申请退款", "退款怎么申请")
     page = signed_in(browser, strata, ADMIN_TOKEN)
-    shot(page, "overview")
     page.goto(strata + "/console/review?category=console")
     assert eventually(lambda: (page.reload(), page.locator(".review-item").count())[1])
     item = page.locator(".review-item", has=page.locator(".asked", has_text="退款怎么申请"))
@@ -166,6 +165,10 @@ def test_invalidate_asks_first_then_says_what_it_did_and_the_next_request_misses
     page.click("#confirm-invalidate")
     assert "Done: scope" in page.locator("#done").inner_text()
     assert ask(strata, "如何修改密码", key=keys["default"], headers=CONSOLE).headers["x-cache"] == "miss"
+    # The overview draws what the workers' usage counts say, flushed every few seconds.
+    page.goto(strata + "/console")
+    assert eventually(lambda: (page.reload(), page.locator("#usage svg").count())[1], timeout=30)
+    shot(page, "overview")
 
 
 def test_a_tenants_operator_sees_its_tenant_only_and_changes_need_the_csrf_token(
