@@ -43,9 +43,14 @@ ITEM_ID = re.compile(r"^[0-9a-f]{24}$")
 OUTCOMES = ("exact-hit", "semantic-hit", "miss", "bypass", "error")
 
 
+def _utc(unix_time: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(unix_time)))
+
+
 def template_config() -> TemplateConfig[JinjaTemplateEngine]:
     """The console's templates, every one autoescaped."""
     environment = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(default=True))
+    environment.filters["utc"] = _utc
     return TemplateConfig(instance=JinjaTemplateEngine.from_environment(environment))
 
 
