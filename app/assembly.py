@@ -40,11 +40,12 @@ from app.embed import BatchingEmbedder, Encoder, load_encoder
 from app.metrics import Metrics
 from app.pipeline import ChatPipeline
 from app.policy import Policy
-from app.readers.base import Reader
+from app.readers.base import Reader, Unanimous
+from app.readers.embedder import EmbedderReader, vector_source
 from app.readers.llm import LLMJudge
 from app.readers.queue import ReadQueue
 from app.relay import Relay
-from app.settings import Settings
+from app.settings import SemanticSettings, Settings
 from app.singleflight import SingleFlight
 from app.token_caps import TokenCaps
 from app.upstream import Upstream
@@ -135,6 +136,21 @@ class CacheParts:
         return self.each[0].semantic if self.each else None
 
 
+def configured_reader(options: SemanticSettings) -> Reader | None:
+    """The readers the settings name: the LLM judge (``judge_url``), the second embedder
+    (``reader_embedder``), both (a yes needs both), or none."""
+    readers: list[Reader] = []
+    if options.reader_embedder:
+        source = vector_source(options.reader_embedder, options.reader_embedder_threads, options.judge_timeout_s,
+                               options.judge_api_key, options.reader_embedder_model)
+        readers.append(EmbedderReader(source, options.reader_threshold))
+    if options.judge_url:
+        readers.append(LLMJudge(options.judge_url, options.judge_model, options.judge_timeout_s, options.judge_api_key))
+    if len(readers) > 1:
+        return Unanimous(readers)
+    return readers[0] if readers else None
+
+
 def semantic_parts(settings: Settings, encoder: Encoder, metrics: Metrics, upstream: Upstream | None,
                    reader: Reader | None = None) -> SemanticParts:
     """The semantic layer's shared parts over a loaded embedding model.
@@ -158,8 +174,8 @@ def semantic_parts(settings: Settings, encoder: Encoder, metrics: Metrics, upstr
     )
     verifier = load_verifier(settings)
     judge = AnswerJudge(upstream, options.judge_timeout_s, options.judge_model) if upstream is not None else None
-    if reader is None and options.judge_url:
-        reader = LLMJudge(options.judge_url, options.judge_model, options.judge_timeout_s, options.judge_api_key)
+    if reader is None:
+        reader = configured_reader(options)
     reads = None
     if reader is not None:
         reads = ReadQueue(reader, options.reader_max_pending,

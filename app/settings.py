@@ -93,6 +93,15 @@ class SemanticSettings(msgspec.Struct, frozen=True, kw_only=True):
     # `judge_model`, else the endpoint's first; its bearer token `judge_api_key`.
     judge_url: str = field(default="", name="judge_url")
     judge_api_key: str = field(default="", name="judge_api_key")
+    # A second embedder as the grey zone's reader (app/readers/embedder.py): a sentence-transformers
+    # folder (`make reader-model`: .run/models/embeddinggemma-300m) or an OpenAI-compatible
+    # /v1/embeddings URL (its model `reader_embedder_model`, else the endpoint's first). It says yes
+    # at or above `reader_threshold`, calibrated on the shared QQP pairs (bench/reader_threshold.py:
+    # precision 0.949 at 0.88 where USE scores 0.70-0.95); it serves only where it was measured.
+    reader_embedder: str = field(default="", name="reader_embedder")
+    reader_embedder_model: str = field(default="", name="reader_embedder_model")
+    reader_threshold: float = field(default=0.88, name="reader_threshold")
+    reader_embedder_threads: int = field(default=1, name="reader_embedder_threads")
     # Reads after the response in flight per worker (a quarter of them per tenant at most).
     reader_max_pending: int = field(default=64, name="reader_max_pending")
     # How long a worker reuses an adaptive category's pooled observations before reading them again.

@@ -8,6 +8,7 @@ tenant's pool has measured its "yes" wrong less often than the bound (``reader_o
 
 from __future__ import annotations
 
+import asyncio
 from typing import Protocol
 
 import msgspec
@@ -49,3 +50,21 @@ class Reader(Protocol):
         """Whether the cached answer answers the new question; ``None`` when the reader could not
         tell (a failure, a timeout, an unreadable reply): no verdict, nothing counted."""
         ...
+
+
+class Unanimous:
+    """Several readers as one: yes when every one says yes, no when any says no, else no verdict.
+
+    Args:
+        readers: The readers, asked together.
+    """
+
+    def __init__(self, readers: list[Reader]) -> None:
+        self._readers = readers
+        self.name = "+".join(reader.name for reader in readers)
+
+    async def read(self, pair: ReadPair) -> bool | None:
+        said = await asyncio.gather(*(reader.read(pair) for reader in self._readers))
+        if False in said:
+            return False
+        return None if None in said else True

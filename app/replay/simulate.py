@@ -179,7 +179,7 @@ class Reviewer:
 
 def run_simulated(stream: list[Any], *, settings: Settings, category: str, encoder: Any = None,
                   faq: list[Any] | None = None, feedback: float = 0.0, judge: str = "",
-                  judge_error: float = 0.0, review: int = 0) -> Any:
+                  judge_error: float = 0.0, review: int = 0, reader: Any = None) -> Any:
     """Replay a stream through an in-process Strata over an own, empty Redis Stack and the
     labelled upstream; observations settle after every request, so the counts are the same
     on every run of the same stream.
@@ -195,6 +195,8 @@ def run_simulated(stream: list[Any], *, settings: Settings, category: str, encod
         judge_error: The oracle's share of wrong verdicts, drawn at random (seeded).
         review: Review-queue items a simulated reviewer settles per 1,000 requests, the most asked
             first, approving exactly when the stream's labels agree (the console's reviewer).
+        reader: A reader to use as it is (``bench/reader_record.py`` records one's verdicts);
+            else ``judge``, else the configured one.
 
     Returns:
         The ``app.replay.run.Report``.
@@ -220,7 +222,8 @@ def run_simulated(stream: list[Any], *, settings: Settings, category: str, encod
             upstream=msgspec.structs.replace(settings.upstream, url=model_server.url + "/v1", max_retries=0),
             semantic=msgspec.structs.replace(settings.semantic, enabled=True, learning_refresh_s=0.0),
         )
-        reader = None
+        if reader is not None and judge:
+            raise ValueError("a reader or a simulated judge, not both")
         if judge == "oracle":
             from app.readers.oracle import OracleReader
 
