@@ -12,6 +12,7 @@ import asyncio
 from typing import Protocol
 
 import msgspec
+import openai
 
 # How a reader's verdicts are counted (metrics, audit).
 READ_YES = "yes"
@@ -68,3 +69,15 @@ class Unanimous:
         if False in said:
             return False
         return None if None in said else True
+
+
+async def first_model(client: openai.AsyncOpenAI, what: str) -> str:
+    """The first model an OpenAI-compatible endpoint lists (a reader's default model).
+
+    Raises:
+        LookupError: It lists none.
+    """
+    listed = await client.models.list()
+    if not listed.data:
+        raise LookupError(f"the {what} endpoint lists no model")
+    return listed.data[0].id

@@ -25,7 +25,7 @@ from typing import Protocol
 import numpy as np
 import openai
 
-from app.readers.base import ReadPair
+from app.readers.base import ReadPair, first_model
 
 logger = logging.getLogger("strata.readers")
 
@@ -104,10 +104,7 @@ class EndpointVectors:
     async def _model_name(self) -> str:
         async with self._resolving:
             if not self._model:
-                listed = await self._client.models.list()
-                if not listed.data:
-                    raise LookupError("the reader's embeddings endpoint lists no model")
-                self._model = listed.data[0].id
+                self._model = await first_model(self._client, "reader's embeddings")
         return self._model
 
     async def vectors(self, texts: Sequence[str]) -> np.ndarray:

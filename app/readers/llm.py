@@ -13,7 +13,7 @@ import logging
 import openai
 
 from app.cache.judge import JUDGE_REPLY_YES, judge_messages
-from app.readers.base import ReadPair
+from app.readers.base import ReadPair, first_model
 
 logger = logging.getLogger("strata.readers")
 
@@ -42,10 +42,7 @@ class LLMJudge:
             return self._model
         async with self._resolving:
             if not self._model:
-                listed = await self._client.models.list()
-                if not listed.data:
-                    raise LookupError("the judge endpoint lists no model")
-                self._model = listed.data[0].id
+                self._model = await first_model(self._client, "judge")
                 self.name = f"llm:{self._model}"
         return self._model
 
