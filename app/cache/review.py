@@ -13,8 +13,11 @@ at that score as often as it needs to vouch (``entry_confirmations``), so the ne
 served; rejected, the candidate's document and entry are vetoed at that similarity (``wrong_above``),
 so it is never served there. Both are audited with who.
 
+A settled pair is not queued again for ``REVIEW_TTL_S`` (its item hash stays, with the verdict in
+its ``settled`` field): a reviewer's no is not asked of them twice.
+
 Keys (``redis-cli``): ``strata:vN:review:<category>:<tenant>`` (sorted set: item id -> times asked)
-and ``strata:vN:review-item:<id>`` (hash: the fields of :class:`ReviewItem`).
+and ``strata:vN:review-item:<id>`` (hash: the fields of :class:`ReviewItem`; ``settled``: the verdict).
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ REVIEW_TTL_S = 7 * 86400
 
 # Adds or counts one item, keeps the queue to its bound. KEYS: queue, item. ARGV: id, max items,
 # TTL, then the item's field/value pairs. The dropped items' hashes are deleted with them.
+# A settled pair's hash is a tombstone (field ``settled``) until it expires: not queued again.
 _ENQUEUE = """
+if redis.call('HEXISTS', KEYS[2], 'settled') == 1 then return 0 end
 redis.call('ZINCRBY', KEYS[1], 1, ARGV[1])
 redis.call('HSET', KEYS[2], unpack(ARGV, 4))
 redis.call('EXPIRE', KEYS[2], ARGV[3])
@@ -127,7 +132,7 @@ class ReviewQueue:
     async def get(self, tag: str, identifier: str) -> ReviewItem | None:
         """One item, or ``None`` when it is gone (settled, dropped or expired)."""
         raw = await self._redis.hgetall(self._keys.review_item_key(tag, identifier))
-        if not raw:
+        if not raw or b"settled" in raw or "settled" in raw:
             return None
         fields = {str(as_text(k)): str(as_text(v)) for k, v in raw.items()}
         try:
@@ -135,7 +140,13 @@ class ReviewQueue:
         except msgspec.ValidationError:
             return None
 
-    async def remove(self, tag: str, item: ReviewItem) -> None:
-        """Take a settled item out of its queue."""
-        await self._redis.zrem(self._keys.review_key(tag, item.category, item.tenant), item.id)
-        await self._redis.delete(self._keys.review_item_key(tag, item.id))
+    async def remove(self, tag: str, item: ReviewItem, verdict: str = "dropped") -> None:
+        """Take a settled item out of its queue; its pair is not queued again while the tombstone
+        lasts (``REVIEW_TTL_S``)."""
+        item_key = self._keys.review_item_key(tag, item.id)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.zrem(self._keys.review_key(tag, item.category, item.tenant), item.id)
+            pipe.delete(item_key)
+            pipe.hset(item_key, mapping={"settled": verdict, "tenant": item.tenant, "category": item.category})
+            pipe.expire(item_key, REVIEW_TTL_S)
+            await pipe.execute()

@@ -174,7 +174,8 @@ class Reviewer:
             self.settled["approved" if asked == cached else "rejected"] += 1
         else:
             self.settled["unlabelled"] += 1
-        await bucket.review.remove(tag, item)  # settled or not, a reviewer moves on
+        # Settled or not, a reviewer moves on (and is not asked the same pair again).
+        await bucket.review.remove(tag, item, "reviewed" if asked is not None and cached is not None else "unlabelled")
 
 
 def run_simulated(stream: list[Any], *, settings: Settings, category: str, encoder: Any = None,
