@@ -21,7 +21,7 @@ STRATA_PORT ?= 8080
 VLLM_PORT ?= 8000
 export STRATA_HOST STRATA_PORT
 
-.PHONY: help deps test-deps client-deps calibrate-deps bench-replay up down status restart test test-fast test-cluster lint bench load train-verifier logs strata-start strata-stop judge-up judge-down reader-model
+.PHONY: help deps test-deps client-deps calibrate-deps bench-replay up down status restart test test-fast test-cluster lint bench load train-verifier logs strata-start strata-stop judge-up judge-down reader-model console-shots
 
 help:
 	@echo "make up      start Redis Stack (6380), vLLM (8000) and Strata (8080) in the background"
@@ -147,6 +147,10 @@ test: test-deps client-deps lint
 	vllm/vllm.sh install
 	$(PY) -m pytest -q -p no:cacheprovider
 	$(PY) -m pytest -q -p no:cacheprovider --redis-cluster tests/integration tests/e2e
+
+# The console's browser test, writing its screenshots where docs/CONSOLE.md shows them.
+console-shots: test-deps
+	STRATA_CONSOLE_SHOTS=docs/console $(PY) -m pytest -q -p no:cacheprovider tests/integration/test_console.py
 
 # Strata on Redis Clusters of its own (3 Redis Stack masters on free ports, redis-stack/cluster.sh,
 # started and removed by the suite): the cluster suite (facts, cluster mode, a master killed under

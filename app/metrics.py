@@ -30,7 +30,8 @@ class OutcomeLog(Protocol):
     """Where finished requests are also counted by category and outcome (app/cache/usage.py
     keeps them in Redis for ``strata cache stats``)."""
 
-    def add(self, category: str, outcome: str) -> None: ...
+    def add(self, category: str, outcome: str, now: float | None = None, *, tenant: str | None = None,
+            seconds: float | None = None, curated: bool = False) -> None: ...
 
 
 class Metrics:
@@ -166,15 +167,18 @@ class Metrics:
             ["category"], registry=r,
         )
 
-    def finish(self, outcome: str, started: float, category: str | None = None) -> None:
+    def finish(self, outcome: str, started: float, category: str | None = None, *, tenant: str | None = None,
+               curated: bool = False) -> None:
         """Count one finished request (and its category's) and its latency since ``started``
-        (``perf_counter``)."""
+        (``perf_counter``); with its tenant, also per tenant and layer for the console
+        (``curated``: a curated answer served it)."""
+        elapsed = time.perf_counter() - started
         self.requests.labels(outcome).inc()
         if category is not None:
             self.category_requests.labels(category, outcome).inc()
             if self._outcomes is not None:
-                self._outcomes.add(category, outcome)
-        self.latency.labels(outcome).observe(time.perf_counter() - started)
+                self._outcomes.add(category, outcome, tenant=tenant, seconds=elapsed, curated=curated)
+        self.latency.labels(outcome).observe(elapsed)
 
     def tenant(self, tenant: str) -> str:
         """The value of a ``tenant`` label: the tenant, or ``-`` with tenant labels off."""

@@ -86,13 +86,14 @@ class ChatPipeline:
             assert plan.query is not None  # a hit comes from a planned query
             # The id is the hit's receipt (app/cache/receipts.py): feedback reads it, Redis is not written.
             response_id = self._ids.mint(plan.query, hit) if self._ids is not None else new_completion_id()
-            result = serve_hit(hit, request, started, self._metrics, category=call.category.name, response_id=response_id)
+            result = serve_hit(hit, request, started, self._metrics, category=call.category.name, response_id=response_id,
+                               tenant=call.tenant)
             if self._recent is not None:
                 self._recent.add(plan.query, hit, response_id)
             self._cache.remember(plan, hit)  # a served question, where its category explores repeats
             return result
         exchange = Exchange(body={}, stream=request.stream, plan=plan, started=started, category=call.category.name,
-                            outcome=Outcome.MISS if plan.reads else Outcome.BYPASS)
+                            tenant=call.tenant, outcome=Outcome.MISS if plan.reads else Outcome.BYPASS)
         if self._flight is not None and plan.reads and plan.writes and plan.query is not None:
             query = plan.query
             try:
@@ -100,12 +101,12 @@ class ChatPipeline:
                     self._cache.lease_key(query), lambda: self._cache.read_exact(query)
                 )
             except StrataError:
-                self._metrics.finish(Outcome.ERROR, started, call.category.name)
+                self._metrics.finish(Outcome.ERROR, started, call.category.name, tenant=call.tenant)
                 raise
             if exchange.ticket.answer is not None:
                 coalesced = CacheHit(layer="exact", completion=exchange.ticket.answer)
                 return serve_hit(coalesced, request, started, self._metrics, coalesced=True,
-                                 category=call.category.name)
+                                 category=call.category.name, tenant=call.tenant)
         # Only the request that asks the model needs a limit; awaited after coalescing, so that no
         # round trip widens the window between a follower's lookup and its joining the leader.
         try:

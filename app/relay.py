@@ -40,6 +40,7 @@ class Exchange(msgspec.Struct, kw_only=True):
         outcome: ``miss`` or ``bypass``, as the response will say.
         started: When the request arrived (``perf_counter``).
         category: The content category's name.
+        tenant: The tenant it is asked for (``None``: not counted per tenant).
         learnt_cap: Whether ``max_tokens`` is L4's learnt cap (its cuts are counted).
         ticket: The single-flight ticket to finish with the answer, if the request leads.
         client_usage: Whether a streaming client asked for the usage chunk itself (Strata always
@@ -52,6 +53,7 @@ class Exchange(msgspec.Struct, kw_only=True):
     outcome: Outcome
     started: float
     category: str = ""
+    tenant: str | None = None
     learnt_cap: bool = False
     ticket: Ticket | None = None
     client_usage: bool = False
@@ -123,7 +125,7 @@ class Relay:
 
     def _failed(self, exchange: Exchange) -> None:
         self._metrics.upstream_requests.labels("error").inc()
-        self._metrics.finish(Outcome.ERROR, exchange.started, exchange.category)
+        self._metrics.finish(Outcome.ERROR, exchange.started, exchange.category, tenant=exchange.tenant)
 
     async def _complete(self, exchange: Exchange) -> ChatResult:
         called = time.perf_counter()
@@ -134,7 +136,7 @@ class Relay:
             raise
         upstream_s = time.perf_counter() - called
         self._answered(exchange, raw, completion, raw)
-        self._metrics.finish(exchange.outcome, exchange.started, exchange.category)
+        self._metrics.finish(exchange.outcome, exchange.started, exchange.category, tenant=exchange.tenant)
         if exchange.outcome == Outcome.MISS:
             self._metrics.miss_overhead.observe(time.perf_counter() - exchange.started - upstream_s)
         return ChatResult(outcome=exchange.outcome, headers=_headers(exchange), body=raw)
@@ -191,7 +193,7 @@ class Relay:
             answer = json_encoder.encode(completion)
             self._answered(exchange, answer, completion, answer if assembler.complete else None)
             answered = True  # the write-back finishes the exchange
-            self._metrics.finish(exchange.outcome, exchange.started, exchange.category)
+            self._metrics.finish(exchange.outcome, exchange.started, exchange.category, tenant=exchange.tenant)
             yield sse_event(SSE_DONE)
         finally:
             # Also when the client went away mid-stream: followers must not wait for nothing.

@@ -97,7 +97,8 @@ def replay_chunks(completion: dict[str, Any], *, include_usage: bool) -> Iterato
 
 
 def serve_hit(hit: CacheHit, request: ChatCompletionRequest, started: float, metrics: Metrics,
-              coalesced: bool = False, category: str | None = None, response_id: str | None = None) -> ChatResult:
+              coalesced: bool = False, category: str | None = None, response_id: str | None = None,
+              tenant: str | None = None) -> ChatResult:
     """A cached (or coalesced) answer as the response the request asked for: JSON or SSE.
 
     Args:
@@ -108,6 +109,7 @@ def serve_hit(hit: CacheHit, request: ChatCompletionRequest, started: float, met
         coalesced: Whether the answer is another request's (single flight).
         category: The request's cache category, for the per-category counts.
         response_id: The response's id (a hit's names its record for feedback); a new one if omitted.
+        tenant: The request's tenant, for the per-tenant counts.
     """
     outcome = _HIT_OUTCOMES[hit.layer]
     decoded = hit.decoded if hit.decoded is not None else completion_decoder.decode(hit.completion)
@@ -123,7 +125,7 @@ def serve_hit(hit: CacheHit, request: ChatCompletionRequest, started: float, met
         headers["X-Cache-Verdict"] = hit.reason
     if coalesced:
         headers["X-Cache-Coalesced"] = "true"
-    metrics.finish(outcome, started, category)
+    metrics.finish(outcome, started, category, tenant=tenant, curated=hit.source == "faq")
     if request.stream:
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
         events = replay_chunks(completion, include_usage=include_usage)

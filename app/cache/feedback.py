@@ -200,6 +200,8 @@ class Feedback:
         await self._audit.record_event(who=who, done=done, request={"id": feedback.id, "verdict": feedback.verdict,
                                                                     "comment": feedback.comment[:500],
                                                                     "similarity": served.similarity,
+                                                                    "tenant": served.tenant,
+                                                                    "category": served.category,
                                                                     "at": int(time.time())})
         logger.info("feedback %s on %s (%s): %s", feedback.verdict, feedback.id, served.document, applied)
         return FeedbackApplied(id=feedback.id, verdict=feedback.verdict, layer=served.layer, applied=applied)

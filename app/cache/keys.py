@@ -8,6 +8,10 @@ Redis key layout (every name readable with ``redis-cli``)::
                                            category:<c>|tenant:<t> (absent = 0); see app/cache/version.py
     strata:meta:audit              STREAM  every invalidation: who, what, when (capped)
     strata:meta:usage:<YYYYMMDDHHMM>  HASH requests per <category>|<outcome> in that UTC minute (2 h TTL)
+    strata:meta:layers:<YYYYMMDDHHMM> HASH the same minute per tenant and answering layer (exact,
+                                           semantic, curated, miss, bypass, error), for the console:
+                                           n|<layer>|<category>|<tenant> requests, ms|... their summed
+                                           milliseconds, le<ms>|... how many took at most <ms> (2 h TTL)
     strata:vN:exact:<sha256>       HASH    L1 entry (fields below), TTL from the category
     strata:vN:sem:<sha256>         HASH    L2 entry, indexed by the RediSearch index strata:vN:sem
     strata:vN:lease:<sha256>       STRING  single-flight lease while one worker asks the model
@@ -33,9 +37,9 @@ Redis key layout (every name readable with ``redis-cli``)::
 
 On a Redis Cluster (``STRATA_REDIS_URL=redis+cluster://...``) the cache is split into buckets
 (app/cache/buckets.py), each a hash tag such as ``b7`` listed in ``strata:meta:buckets`` (STRING,
-comma-separated). Every key above except the usage counts, L4's statistics, the response-id secret, the verdicts and the audit stream
-then lives in a bucket, with the tag after the namespace, and the version and scope counters
-are per bucket::
+comma-separated). Every key above except the usage and layer counts, L4's statistics, the response-id
+secret, the verdicts and the audit stream then lives in a bucket, with the tag after the namespace,
+and the version and scope counters are per bucket::
 
     strata:{b7}:meta:version       strata:{b7}:meta:scopes      strata:{b7}:meta:embedder
     strata:{b7}:vN:exact:<sha256>  strata:{b7}:vN:sem:<sha256>  (index strata:{b7}:vN:sem) ...
@@ -160,6 +164,11 @@ def with_generation(digest: str, generation: str) -> str:
 def usage_key(minute: int) -> str:
     """Requests per category and outcome in one UTC minute (``minute`` = Unix seconds // 60)."""
     return f"{NAMESPACE}:meta:usage:{time.strftime('%Y%m%d%H%M', time.gmtime(minute * 60))}"
+
+
+def layers_key(minute: int) -> str:
+    """Requests per tenant, category and answering layer in one UTC minute, with their latency."""
+    return f"{NAMESPACE}:meta:layers:{time.strftime('%Y%m%d%H%M', time.gmtime(minute * 60))}"
 
 
 def version_tag(version: int) -> str:

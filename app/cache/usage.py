@@ -1,5 +1,6 @@
 """Counts kept in memory and added to Redis in batches: requests by category and outcome per
-minute (``strata cache stats``), and semantic documents' hits.
+minute (``strata cache stats``), the same per tenant and answering layer with their latency (the
+console's overview), and semantic documents' hits.
 
 Prometheus keeps the service's metrics; this keeps the last two hours where an operator with
 only ``redis-cli`` can see them (``HGETALL strata:meta:usage:202612011405``), summed over every
@@ -10,6 +11,7 @@ request costs no Redis command.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 import time
 from collections import Counter
@@ -17,7 +19,7 @@ from collections import Counter
 from redis.asyncio import Redis
 
 from app.cache.base import SharedRedis
-from app.cache.keys import FIELD_HITS, usage_key
+from app.cache.keys import FIELD_HITS, layers_key, usage_key
 
 logger = logging.getLogger("strata.usage")
 
@@ -26,8 +28,39 @@ USAGE_TTL_S = 2 * 3600
 FLUSH_EVERY_S = 5.0
 
 
+# The layers a request is answered by, as the console names them: a curated answer is told apart
+# from the model's answers whether it was found exactly or semantically.
+LAYERS = ("exact", "semantic", "curated", "miss", "bypass", "error")
+_LAYER_OF_OUTCOME = {"exact-hit": "exact", "semantic-hit": "semantic", "miss": "miss", "bypass": "bypass",
+                     "error": "error"}
+# Upper bounds (ms) of the latency histogram: fine where hits are (a few ms), coarse where the
+# model is (seconds). A percentile read from it is the bound of the bucket it falls in.
+LATENCY_BOUNDS_MS = (1, 2, 3, 5, 8, 13, 20, 30, 50, 80, 130, 200, 300, 500, 800, 1300, 2000, 3000, 5000, 8000,
+                     13000, 20000, 30000, 60000, 120000)
+# Field kinds of strata:meta:layers:<minute>: requests, summed milliseconds, and ``le<ms>`` buckets.
+KIND_REQUESTS = "n"
+KIND_MILLISECONDS = "ms"
+
+
 def usage_field(category: str, outcome: str) -> str:
     return f"{category}|{outcome}"
+
+
+def layer_field(kind: str, layer: str, category: str, tenant: str) -> str:
+    """A field of the layers hash; the tenant last, so that a ``|`` in its name splits nothing."""
+    return f"{kind}|{layer}|{category}|{tenant}"
+
+
+def parse_layer_field(field: str) -> tuple[str, str, str, str] | None:
+    """(kind, layer, category, tenant) of a layers field, or ``None`` for one of another shape."""
+    parts = field.split("|", 3)
+    return (parts[0], parts[1], parts[2], parts[3]) if len(parts) == 4 else None
+
+
+def latency_bucket(milliseconds: float) -> str:
+    """The histogram field kind a latency falls in (``le<bound>``; ``le+inf`` past the last)."""
+    index = bisect.bisect_left(LATENCY_BOUNDS_MS, milliseconds)
+    return f"le{LATENCY_BOUNDS_MS[index]}" if index < len(LATENCY_BOUNDS_MS) else "le+inf"
 
 
 class UsageCounts:
@@ -35,25 +68,51 @@ class UsageCounts:
 
     def __init__(self) -> None:
         self._pending: Counter[tuple[int, str]] = Counter()
+        self._layers: Counter[tuple[int, str]] = Counter()
 
-    def add(self, category: str, outcome: str, now: float | None = None) -> None:
+    def add(self, category: str, outcome: str, now: float | None = None, *, tenant: str | None = None,
+            seconds: float | None = None, curated: bool = False) -> None:
+        """Count one finished request.
+
+        Args:
+            category: Its content category.
+            outcome: Its ``X-Cache`` outcome.
+            now: When it finished (Unix time; now if omitted).
+            tenant: Its tenant: also counted per tenant and layer, with its latency.
+            seconds: How long it took, for the per-layer latency.
+            curated: Whether a curated answer served it.
+        """
         minute = int((time.time() if now is None else now) // 60)
         self._pending[(minute, usage_field(category, outcome))] += 1
+        if tenant is None:
+            return
+        layer = "curated" if curated else _LAYER_OF_OUTCOME.get(outcome, outcome)
+        self._layers[(minute, layer_field(KIND_REQUESTS, layer, category, tenant))] += 1
+        if seconds is not None:
+            milliseconds = max(0.0, seconds * 1000)
+            self._layers[(minute, layer_field(KIND_MILLISECONDS, layer, category, tenant))] += round(milliseconds)
+            self._layers[(minute, layer_field(latency_bucket(milliseconds), layer, category, tenant))] += 1
 
     async def flush(self, redis: SharedRedis) -> int:
         """Add the pending counts to Redis (one pipeline); kept for the next flush if it fails."""
-        if not self._pending:
+        if not self._pending and not self._layers:
             return 0
         pending, self._pending = self._pending, Counter()
+        layers, self._layers = self._layers, Counter()
         try:
             async with redis.pipeline(transaction=False) as pipe:
                 for (minute, field), count in pending.items():
                     pipe.hincrby(usage_key(minute), field, count)
+                for (minute, field), count in layers.items():
+                    pipe.hincrby(layers_key(minute), field, count)
                 for minute in {m for m, _ in pending}:
                     pipe.expire(usage_key(minute), USAGE_TTL_S)
+                for minute in {m for m, _ in layers}:
+                    pipe.expire(layers_key(minute), USAGE_TTL_S)
                 await pipe.execute()
         except BaseException:
             self._pending.update(pending)
+            self._layers.update(layers)
             raise
         return sum(pending.values())
 

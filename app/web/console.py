@@ -29,18 +29,23 @@ from app.auth import KEY_PREFIX
 from app.cache.base import CACHE_ERRORS
 from app.cache.feedback import FeedbackError, FeedbackRequest
 from app.cache.invalidation import Invalidated, Invalidation, InvalidationError, NothingThere
-from app.cache.keys import FIELD_ANSWER, FIELD_CATEGORY, FIELD_QUESTION, FIELD_ROOT, FIELD_TENANT, as_text, usage_key
+from app.cache.keys import FIELD_ANSWER, FIELD_CATEGORY, FIELD_QUESTION, FIELD_ROOT, FIELD_TENANT, as_text, layers_key
+from app.cache.recent import RECENT_HITS
 from app.cache.review import ReviewItem
+from app.cache.usage import LAYERS
+from app.cache.verify import READER_ACCEPTED
 from app.errors import StrataError
 from app.faq import FaqItem, curated_completion, load_faq_in_buckets
 from app.lifespan import Resources, sweep_generations_after, sweep_versions_after
+from app.web.overview import CURVE_SLOT_MINUTES, LayerFigures, layer_figures
 from app.web.sessions import SESSION_COOKIE, SESSION_TTL_S, ConsoleSession, SessionSigner
 
 TEMPLATES = Path(__file__).parent / "templates"
-# Minutes of usage the overview draws (what `strata:meta:usage:<minute>` keeps: two hours).
+# Minutes the overview draws (what `strata:meta:layers:<minute>` keeps: two hours).
 OVERVIEW_MINUTES = 120
+# Audit entries the review page reads for hits marked wrong and reviews settled.
+AUDIT_SCANNED = 500
 ITEM_ID = re.compile(r"^[0-9a-f]{24}$")
-OUTCOMES = ("exact-hit", "semantic-hit", "miss", "bypass", "error")
 
 
 def _utc(unix_time: float) -> str:
@@ -168,49 +173,48 @@ class ConsoleController(Controller):
 
     @get("/")
     async def overview(self, request: Request[Any, Any, Any], resources: Resources, tenant: str | None = None) -> Template:
-        """Requests by outcome per minute (service-wide: the admin only), and each adaptive
-        category's live precision against its bound (the tenant's own pool for an operator)."""
+        """Per tenant and category: requests by answering layer per minute, model calls and time
+        saved, hit latency, the learning curve; and each adaptive category's live precision
+        against its bound (the tenant's own pool for an operator)."""
         session = _session(request, resources)
         shown = _tenant_of(session, tenant)
-        usage = await self._usage(resources) if session.tenant is None else None
+        layers = await self._layers(resources, shown)
         precision = []
         semantic = resources.cache.semantic
         tag = resources.cache.known_version
+        adaptive = set()
         if semantic is not None and tag is not None:
             for name in _semantic_categories(resources):
                 policy = resources.policy.categories[name].semantic
                 if policy.error_bound is None:
                     continue
+                adaptive.add(name)
                 try:
                     figures = await semantic.adaptive.precision(tag, name, policy, shown)
                 except CACHE_ERRORS:
                     continue
                 precision.append({"category": name, **msgspec.to_builtins(figures),
                                   "estimate": figures.error_estimate})
-        return _page("overview.html", session, resources, usage=usage, precision=precision, tenant=shown,
-                     version=tag)
+        return _page("overview.html", session, resources, layers=layers, precision=precision, tenant=shown,
+                     version=tag, adaptive=adaptive, minutes=OVERVIEW_MINUTES, layer_names=LAYERS,
+                     curve_slot=CURVE_SLOT_MINUTES)
 
     @staticmethod
-    async def _usage(resources: Resources) -> dict[str, Any] | None:
+    async def _layers(resources: Resources, tenant: str | None) -> list[LayerFigures] | None:
+        """The last ``OVERVIEW_MINUTES`` of layer counts (``None``: Redis did not answer)."""
         shared = resources.cache.shared
         if shared is None:
             return None
         now = int(time.time() // 60)
-        minutes = list(range(now - OVERVIEW_MINUTES + 1, now + 1))
         try:
-            rows = [await shared.hgetall(usage_key(m)) for m in minutes]
+            async with shared.pipeline(transaction=False) as pipe:
+                for minute in range(now - OVERVIEW_MINUTES + 1, now + 1):
+                    pipe.hgetall(layers_key(minute))
+                raw = await pipe.execute()
         except CACHE_ERRORS:
             return None
-        series: dict[str, dict[str, list[int]]] = {}
-        for i, raw in enumerate(rows):
-            for field, count in (raw or {}).items():
-                category, _, outcome = str(as_text(field)).partition("|")
-                per = series.setdefault(category, {o: [0] * len(minutes) for o in OUTCOMES})
-                per.setdefault(outcome, [0] * len(minutes))[i] += int(count)
-        totals = {c: {o: sum(v) for o, v in per.items()} for c, per in series.items()}
-        peak = max([sum(per[o][i] for o in per) for per in series.values() for i in range(len(minutes))] or [1])
-        return {"minutes": len(minutes), "series": series, "totals": totals, "peak": max(1, peak),
-                "outcomes": OUTCOMES}
+        rows = [{str(as_text(k)): int(v) for k, v in (row or {}).items()} for row in raw]
+        return layer_figures(rows, tenant)
 
     @get("/served")
     async def served(self, request: Request[Any, Any, Any], resources: Resources, tenant: str | None = None,
@@ -257,8 +261,40 @@ class ConsoleController(Controller):
             bucket = resources.cache.each[resources.cache.buckets.of(shown, category)] if resources.cache.each else None
             if bucket is not None:
                 items = await bucket.review.items(tag, category, shown)
+        settled = await self._settled(resources, shown, category)
+        promoted = resources.recent.latest(tenant=shown, category=category, verdict=READER_ACCEPTED, count=20)
         return _page("review.html", session, resources, items=items, tenant=shown, category=category,
-                     message=request.query_params.get("message", ""))
+                     message=request.query_params.get("message", ""), promoted=promoted,
+                     marked_wrong=settled["marked_wrong"], reviewed=settled["reviewed"])
+
+    @staticmethod
+    async def _settled(resources: Resources, tenant: str, category: str) -> dict[str, list[dict[str, Any]]]:
+        """From the audit stream: the hits marked wrong and the reviews settled, of this tenant and
+        category, newest first (a marked hit shows its questions while this worker remembers it)."""
+        try:
+            events = await resources.cache.invalidator.audit(count=AUDIT_SCANNED)
+        except CACHE_ERRORS:
+            return {"marked_wrong": [], "reviewed": []}
+        recent = {hit.response_id: hit for hit in resources.recent.latest(tenant=tenant, category=category,
+                                                                             count=RECENT_HITS)}
+        marked_wrong: list[dict[str, Any]] = []
+        reviewed: list[dict[str, Any]] = []
+        for event in events:
+            try:
+                asked = msgspec.json.decode(event.get("request", "{}"))
+            except msgspec.DecodeError:
+                continue
+            if not isinstance(asked, dict) or asked.get("tenant") != tenant or asked.get("category") != category:
+                continue
+            if event.get("kind") == "feedback" and asked.get("verdict") == "wrong":
+                marked_wrong.append({"at": event.get("at", "0"), "who": event.get("who", ""),
+                                     "similarity": asked.get("similarity"), "comment": asked.get("comment", ""),
+                                     "hit": recent.get(str(asked.get("id")))})
+            elif event.get("kind") == "review":
+                reviewed.append({"at": event.get("at", "0"), "who": event.get("who", ""),
+                                 "verdict": event.get("target", "").partition(" ")[0], "asked": asked.get("asked", ""),
+                                 "cached": asked.get("cached", ""), "similarity": asked.get("similarity")})
+        return {"marked_wrong": marked_wrong[:20], "reviewed": reviewed[:20]}
 
     @post("/review/settle")
     async def settle(self, request: Request[Any, Any, Any], resources: Resources) -> Response[Any]:
@@ -277,7 +313,7 @@ class ConsoleController(Controller):
             return _forbidden(session, resources, "That item is not in your queue (settled already, or expired).")
         assert bucket.learner is not None
         took = await bucket.learner.settle_review(tag, item, approved, resources.policy.categories[category].semantic)
-        await bucket.review.remove(tag, item)
+        await bucket.review.remove(tag, item, "approve" if approved else "reject")
         who = _who(session, request)
         await resources.cache.invalidator.audit_log.record_event(
             who=who, done=Invalidated(kind="review", target=f"{'approve' if approved else 'reject'} {item.id}"),

@@ -1,10 +1,14 @@
 """The operators' console (issue #35) in a real browser: Debian's Chromium driven by Playwright,
 against a Strata on the test Redis Stack with the real embedder and the fake upstream.
 
-Each page's screenshot goes to docs/console/ (docs/CONSOLE.md shows them)."""
+Each page's screenshot goes to ``STRATA_CONSOLE_SHOTS`` (default ``.run/console-shots``, so that a
+test run leaves the checkout clean); ``make console-shots`` writes them into docs/console/, which
+docs/CONSOLE.md shows."""
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +26,8 @@ playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright i
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),
                                 reason="Debian's chromium is not installed (make test-deps installs it as root)")
-SHOTS = Path(__file__).resolve().parents[2] / "docs" / "console"
+ROOT = Path(__file__).resolve().parents[2]
+SHOTS = ROOT / os.environ.get("STRATA_CONSOLE_SHOTS", ".run/console-shots")
 CONSOLE = {"X-Cache-Category": "console"}
 # As root, with the machine's network closed: no sandbox, no background connections.
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
@@ -119,6 +124,16 @@ def test_sign_in_review_approve_serves_the_next_paraphrase_and_reject_vetoes(
     page.goto(strata + "/console/served")
     assert page.locator("#hits").get_by_text("退款怎么申请呢").count() == 1
     shot(page, "served")
+    # Marked wrong there, the hit shows on the review page beside the settled reviews.
+    page.locator("#hits tr", has=page.get_by_text("退款怎么申请呢")).locator("button").click()
+    assert "Marked wrong" in page.locator("#message").inner_text()
+    page.goto(strata + "/console/review?category=console")
+    marked = page.locator("#marked-wrong tr.marked", has=page.get_by_text("退款怎么申请呢"))
+    assert marked.count() == 1 and "怎么申请退款" in marked.inner_text()
+    verdicts = page.locator("#reviewed tr.settled").all_inner_texts()
+    assert any("approve" in row and "退款怎么申请" in row for row in verdicts), verdicts
+    assert any("reject" in row and "怎么删除收货地址" in row for row in verdicts), verdicts
+    shot(page, "review-history")
 
 
 def test_curated_answers_are_edited_in_the_browser_and_markup_shows_as_text(
@@ -165,9 +180,16 @@ def test_invalidate_asks_first_then_says_what_it_did_and_the_next_request_misses
     page.click("#confirm-invalidate")
     assert "Done: scope" in page.locator("#done").inner_text()
     assert ask(strata, "如何修改密码", key=keys["default"], headers=CONSOLE).headers["x-cache"] == "miss"
-    # The overview draws what the workers' usage counts say, flushed every few seconds.
+    # The overview draws what the workers' layer counts say, flushed every few seconds: this
+    # tenant's card has the hit counted, its latency, the time saved and the learning curve.
     page.goto(strata + "/console")
-    assert eventually(lambda: (page.reload(), page.locator("#usage svg").count())[1], timeout=30)
+    card = page.locator('.layer-card[data-tenant="default"][data-category="console"]')
+    assert eventually(lambda: (page.reload(), card.count())[1], timeout=30)
+    assert eventually(lambda: (page.reload(), re.search(r"exact [1-9]", card.inner_text()))[1], timeout=30)
+    figures = card.locator(".figures").inner_text()
+    assert re.search(r"hit p50 ≤ [\d.]+ m?s, p99 ≤ [\d.]+ m?s", figures), figures
+    assert re.search(r"time saved: [\d.]+ s", figures) and re.search(r"miss p50 ≤ [\d.]+ m?s", figures), figures
+    assert card.locator(".curve circle").count() >= 1
     shot(page, "overview")
 
 
@@ -182,6 +204,12 @@ def test_a_tenants_operator_sees_its_tenant_only_and_changes_need_the_csrf_token
         assert response.status == 403 and page.locator("#refused").count() == 1
     page.goto(strata + "/console/review?category=console")
     assert page.locator(".review-item").count() == 0  # default's item is not in acme's queue
+    # Its overview counts acme's requests only, whatever the URL asks for.
+    assert ask(strata, "如何查询余额", key=keys["acme"], headers=CONSOLE).headers["x-cache"] == "miss"
+    page.goto(strata + "/console?tenant=default")
+    acme_card = page.locator('.layer-card[data-tenant="acme"]')
+    assert eventually(lambda: (page.reload(), acme_card.count())[1], timeout=30)
+    assert page.locator('.layer-card:not([data-tenant="acme"])').count() == 0
     # Settling default's item by hand-made form: refused, nothing done.
     admin = signed_in(browser, strata, ADMIN_TOKEN)
     admin.goto(strata + "/console/review?category=console")
