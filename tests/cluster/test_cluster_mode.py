@@ -27,8 +27,8 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}", "X-Strata-Operator": "tests"}
 TENANTS = tuple(f"shop-{i}" for i in range(8))
 GENERAL = {"X-Cache-Category": "general"}
 # Keys that belong to no bucket: single keys no script spans (app/cache/keys.py).
-GLOBAL_PREFIXES = (AUDIT_KEY, BUCKETS_KEY, f"{NAMESPACE}:meta:usage:", f"{NAMESPACE}:meta:tokens:", verdict_key(""),
-                   RESPONSE_SECRET_KEY)
+GLOBAL_PREFIXES = (AUDIT_KEY, BUCKETS_KEY, f"{NAMESPACE}:meta:usage:", f"{NAMESPACE}:meta:layers:",
+                   f"{NAMESPACE}:meta:tokens:", verdict_key(""), RESPONSE_SECRET_KEY)
 
 
 @pytest.fixture(scope="module")
