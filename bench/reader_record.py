@@ -12,6 +12,8 @@ embedder, the same at other thresholds of its cosine (what its threshold would g
 from __future__ import annotations
 
 import argparse
+import statistics
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +35,13 @@ class Recording:
         self._reader = reader
         self.name = reader.name
         self.reads: list[tuple[ReadPair, bool | None, float | None]] = []
+        self.seconds: list[float] = []  # each read's time
 
     async def read(self, pair: ReadPair) -> bool | None:
+        started = time.perf_counter()
         score = await self._reader.score(pair.asked, pair.cached) if isinstance(self._reader, EmbedderReader) else None
         said = (score >= self._reader.threshold) if score is not None else await self._reader.read(pair)
+        self.seconds.append(time.perf_counter() - started)
         self.reads.append((pair, said, score))
         return said
 
@@ -59,7 +64,12 @@ def main() -> None:
     report = run_simulated(stream, settings=settings, category=args.category, reader=recording)
     semantic, wrong = report.count("semantic-hit"), report.wrong("semantic-hit")
     print(f"{args.stream}: semantic {semantic / len(stream):.1%} ({semantic}, {wrong} wrong), "
-          f"reader {recording.name}, {len(recording.reads)} reads")
+          f"reader {recording.name}, {len(recording.reads)} reads "
+          f"({1000 * len(recording.reads) / len(stream):.0f} per 1,000 requests)")
+    if recording.seconds:
+        cuts = statistics.quantiles(recording.seconds, n=20) if len(recording.seconds) > 1 else recording.seconds * 19
+        print(f"read time: p50 {statistics.median(recording.seconds):.3f} s, p95 {cuts[18]:.3f} s, "
+              f"max {max(recording.seconds):.3f} s")
     print("semantic hits by verdict (served, wrong):", report.semantic_by_verdict())
     print("per window of 1,000:", ", ".join(f"{w['requests']} {w['semantic']:.1%} ({w['semantic_wrong']:.2%} wrong)"
                                             for w in report.windows(1000)))
