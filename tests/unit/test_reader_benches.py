@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from app.replay.streams import Request
 from bench.reader_ceiling import hindsight
 from bench.reader_matrix import worst_window
-from app.replay.streams import Request
 
 
 def test_the_hindsight_ceiling_counts_repeats_and_first_askings_apart() -> None:
