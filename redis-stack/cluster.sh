@@ -62,7 +62,9 @@ first_bus, ports = int(sys.argv[1]), [int(p) for p in sys.argv[2:]]
 replica_ports = [int(p) for p in os.environ.get("STACK_REPLICA_PORTS", "").split()]
 nodes, replicas = [], []
 for port in ports + replica_ports:
-    deadline = time.monotonic() + 10
+    # Generous: loading two modules on a busy machine can take a while; a node that failed to
+    # bind its port is retried by the caller with other ports.
+    deadline = time.monotonic() + 60
     while True:
         try:
             client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=5,

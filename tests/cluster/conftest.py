@@ -32,26 +32,37 @@ class LocalCluster:
         return int((self.folder / str(port) / "redis.pid").read_text())
 
 
+# Free ports are picked before the nodes bind them, so another process (an outgoing connection
+# takes ports from the same range) can take one in between: a start that fails is tried again on
+# other ports, unless the caller named its ports.
+START_ATTEMPTS = 3
+
+
 @contextmanager
 def local_cluster(replicas: bool = False, ports: list[int] | None = None, password: str = "") -> Iterator[LocalCluster]:
-    ports, bus_ports = ports or [free_port() for _ in range(3)], [free_port() for _ in range(3)]
-    replica_ports = [free_port() for _ in range(3)] if replicas else []
-    replica_bus = [free_port() for _ in replica_ports]
-    with tempfile.TemporaryDirectory(prefix="strata-cluster-") as folder:
-        env = {**os.environ, "STACK_CLUSTER_PORTS": " ".join(map(str, ports)),
-               "STACK_CLUSTER_BUS_PORTS": " ".join(map(str, bus_ports)), "STACK_CLUSTER_DIR": folder,
-               "STACK_CLUSTER_REPLICA_PORTS": " ".join(map(str, replica_ports)),
-               "STACK_CLUSTER_REPLICA_BUS_PORTS": " ".join(map(str, replica_bus)),
-               "STACK_CLUSTER_PASSWORD": password, "STACK_PYTHON": str(ROOT / ".venv" / "bin" / "python")}
-        script = str(ROOT / "redis-stack" / "cluster.sh")
-        started = subprocess.run(["bash", script, "start"], env=env, capture_output=True, text=True, timeout=90)
-        if started.returncode != 0:
-            subprocess.run(["bash", script, "stop"], env=env, check=False, capture_output=True, timeout=60)
-            raise RuntimeError(f"redis-stack/cluster.sh start failed: {started.stdout}{started.stderr}")
-        try:
-            yield LocalCluster(ports, replica_ports, Path(folder))
-        finally:
-            subprocess.run(["bash", script, "stop"], env=env, check=False, capture_output=True, timeout=60)
+    script = str(ROOT / "redis-stack" / "cluster.sh")
+    failures = []
+    for _ in range(START_ATTEMPTS if ports is None else 1):
+        masters, bus_ports = ports or [free_port() for _ in range(3)], [free_port() for _ in range(3)]
+        replica_ports = [free_port() for _ in range(3)] if replicas else []
+        replica_bus = [free_port() for _ in replica_ports]
+        with tempfile.TemporaryDirectory(prefix="strata-cluster-") as folder:
+            env = {**os.environ, "STACK_CLUSTER_PORTS": " ".join(map(str, masters)),
+                   "STACK_CLUSTER_BUS_PORTS": " ".join(map(str, bus_ports)), "STACK_CLUSTER_DIR": folder,
+                   "STACK_CLUSTER_REPLICA_PORTS": " ".join(map(str, replica_ports)),
+                   "STACK_CLUSTER_REPLICA_BUS_PORTS": " ".join(map(str, replica_bus)),
+                   "STACK_CLUSTER_PASSWORD": password, "STACK_PYTHON": str(ROOT / ".venv" / "bin" / "python")}
+            started = subprocess.run(["bash", script, "start"], env=env, capture_output=True, text=True, timeout=150)
+            if started.returncode != 0:
+                subprocess.run(["bash", script, "stop"], env=env, check=False, capture_output=True, timeout=60)
+                failures.append(f"{started.stdout}{started.stderr}".strip())
+                continue
+            try:
+                yield LocalCluster(masters, replica_ports, Path(folder))
+            finally:
+                subprocess.run(["bash", script, "stop"], env=env, check=False, capture_output=True, timeout=60)
+            return
+    raise RuntimeError("redis-stack/cluster.sh start failed: " + " / ".join(failures))
 
 
 @pytest.fixture(scope="session")
