@@ -16,7 +16,7 @@
 #   STACK_VLLM_MAX_MODEL_LEN [2048]         context length
 #   STACK_VLLM_DTYPE [bfloat16]
 #   STACK_VLLM_EAGER [1 on the CPU, 0 on a GPU]  --enforce-eager (starts in ~30 s instead of ~100 s on CPU)
-#   STACK_VLLM_CPU_KVCACHE_GB [1]           KV cache size on CPU
+#   STACK_VLLM_CPU_KVCACHE_GB [1]           KV cache size on CPU, whole GiB (vllm-cpu 0.32 refuses 0.25)
 #   STACK_VLLM_BLOCK_SIZE [16 on a GPU, 32 on the CPU]  KV block size in tokens: prefix caching
 #                                           shares only full blocks. The CPU build accepts only
 #                                           multiples of 32 ("No common block size for 16").
