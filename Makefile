@@ -76,6 +76,11 @@ QWEN_UPSTREAM = STRATA_JUDGE_PORT=$(VLLM_PORT) STRATA_JUDGE_DIR=$(RUN)/qwen PYTH
 QWEN_STRATA_ENV = STRATA_JUDGE_URL=$${STRATA_JUDGE_URL:-http://127.0.0.1:$(VLLM_PORT)/v1}
 # Extra environment of the Strata process (VAR=value ...).
 STRATA_ENV ?=
+# The console's admin token (made 0600 by the first `make up`; `strata admin-token rotate` replaces
+# it) and the tenants' keys file, used once `strata keys add` has made it (docs/CONSOLE.md).
+ADMIN_TOKEN_FILE := $(CURDIR)/$(RUN)/strata/admin-token
+KEYS_FILE := $(CURDIR)/$(RUN)/strata/keys.json
+CONSOLE_ENV = STRATA_ADMIN_TOKEN_FILE=$(ADMIN_TOKEN_FILE) $(if $(wildcard $(KEYS_FILE)),STRATA_KEYS_FILE=$(KEYS_FILE))
 
 up: deps
 	@mkdir -p $(RUN)/strata
@@ -85,7 +90,11 @@ up: deps
 	  qwen1.5b) $(QWEN_UPSTREAM) start || { echo "make up: the Qwen 1.5B server failed; log: $(RUN)/qwen/judge.log" >&2; exit 1; } ;; \
 	  *) echo "make up: unknown MODEL=$(MODEL) (known: qwen1.5b; none: SmolLM2 on vLLM)" >&2; exit 2 ;; \
 	esac
-	@$(MAKE) --no-print-directory strata-start $(if $(filter qwen1.5b,$(MODEL)),STRATA_ENV="$(QWEN_STRATA_ENV)")
+	@$(PY) -m app.cli admin-token ensure --file $(ADMIN_TOKEN_FILE)
+	@$(MAKE) --no-print-directory strata-start STRATA_ENV="$(CONSOLE_ENV) $(if $(filter qwen1.5b,$(MODEL)),$(QWEN_STRATA_ENV)) $(STRATA_ENV)"
+	@echo "console: http://$(STRATA_HOST):$(STRATA_PORT)/console  (sign in with the admin token: cat $(ADMIN_TOKEN_FILE))"
+	@[ -f $(KEYS_FILE) ] && echo "keys: $(KEYS_FILE) in use (every API request needs a key; strata keys list)" || \
+	  echo "keys: none (requests need no key; \`.venv/bin/strata keys add --tenant NAME\` starts using $(KEYS_FILE))"
 
 strata-start:
 	@pidfile=$(RUN)/strata/strata.pid; log=$(RUN)/strata/strata.log; \

@@ -128,6 +128,70 @@ def revoke_key(path: Path, key_id: str) -> bool:
     return found
 
 
+def new_admin_token(path: Path, *, rotate: bool = False) -> tuple[str, bool]:
+    """The admin token kept in ``path`` (0600), made when missing or when ``rotate`` is asked.
+
+    Returns:
+        (the token, whether it was written now).
+    """
+    if path.exists() and not rotate:
+        token = path.read_text(encoding="utf-8").strip()
+        if token:
+            return token, False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_urlsafe(32)
+    temporary = path.with_suffix(path.suffix + ".tmp")
+    # Created 0600 from the start: the token is never readable by others, not even for a moment.
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+        handle.write(token + "\n")
+    os.chmod(temporary, 0o600)
+    temporary.replace(path)
+    return token, True
+
+
+class AdminToken:
+    """The admin token: ``STRATA_ADMIN_TOKEN``, else the first line of ``STRATA_ADMIN_TOKEN_FILE``
+    (what ``make up`` writes), re-read when the file changes, so that rotating it
+    (``strata admin-token rotate``) ends every admin session and API use of the old one at once.
+
+    Args:
+        token: The token given directly, or ``None``.
+        path: The token's file, or ``None``.
+    """
+
+    def __init__(self, token: str | None, path: Path | None) -> None:
+        self._fixed = token or None
+        self._path = path
+        self._read: str | None = None
+        self._stamp: tuple[int, int] | None = None
+        self._checked = -_RELOAD_CHECK_S
+
+    @property
+    def source(self) -> str | None:
+        """Where the token comes from, for messages: the variable or the file; ``None``: nowhere."""
+        if self._fixed is not None:
+            return "STRATA_ADMIN_TOKEN"
+        return str(self._path) if self._path is not None else None
+
+    def current(self) -> str | None:
+        """The token in force now; ``None``: admin endpoints and the admin's console are off."""
+        if self._fixed is not None or self._path is None:
+            return self._fixed
+        now = time.monotonic()
+        if now - self._checked >= _RELOAD_CHECK_S:
+            self._checked = now
+            try:
+                stat = self._path.stat()
+                stamp = (stat.st_mtime_ns, stat.st_size)
+                if stamp != self._stamp:
+                    self._read = self._path.read_text(encoding="utf-8").strip() or None
+                    self._stamp = stamp
+            except OSError:
+                self._read, self._stamp = None, None
+        return self._read
+
+
 class TenantResolver:
     """Maps ``Authorization: Bearer <key>`` to a tenant."""
 
@@ -180,3 +244,15 @@ class TenantResolver:
         if record is None or not hmac.compare_digest(_digest(record.salt, secret), record.sha256):
             raise Unauthorized("the API key is not valid", code="invalid_api_key")
         return Caller(tenant=record.tenant, user=record.user, may_refresh=record.may_refresh, operator=record.operator)
+
+    @property
+    def configured(self) -> bool:
+        """Whether a keys file is in use (requests then need a key)."""
+        return self._path is not None
+
+    def record(self, key_id: str) -> KeyRecord | None:
+        """The active (unrevoked) key of this id, as the keys file says now; ``None``: no such key."""
+        if self._path is None:
+            return None
+        self._reload()
+        return self._by_id.get(key_id)

@@ -9,6 +9,7 @@
     strata replay faq --out FILE.yaml [--per-intent N] [--category NAME]
     strata faq load FILE.csv|FILE.yaml [--name NAME]
     strata keys [--file KEYS.json] add --tenant NAME [--user ID] [--may-refresh] [--operator] | revoke KEY_ID | list
+    strata admin-token ensure|show|rotate [--file PATH]
     strata cache invalidate ... | audit ...   (app/ops.py)
     strata top [--url URL]                    (app/top.py)
 
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any, cast
 from app.calibrate.pairs import QQP_POOL_SIZE
 from app.console import fail
 from app.replay.streams import CLINC_DOMAINS
-from app.settings import PROJECT_ROOT, Settings
+from app.settings import DEFAULT_ADMIN_TOKEN_FILE, DEFAULT_KEYS_FILE, PROJECT_ROOT, Settings
 
 if TYPE_CHECKING:  # the CLI imports numpy and the models only when a command needs them
     from app.cache.base import Verdict
@@ -371,7 +372,9 @@ def cmd_faq_load(args: argparse.Namespace, settings: Settings) -> int:
     if not settings.semantic.enabled:
         return fail("curated answers are served by the semantic layer, which is off (STRATA_SEMANTIC_ENABLED=false)")
 
-    async def go() -> tuple[str, int, int]:
+    from app.faq import FaqLoaded
+
+    async def go() -> FaqLoaded:
         from app.assembly import open_cache, reconcile
         from app.faq import load_faq_in_buckets
 
@@ -383,10 +386,12 @@ def cmd_faq_load(args: argparse.Namespace, settings: Settings) -> int:
     from redis.exceptions import RedisError
 
     try:
-        tag, entries, variants = asyncio.run(go())
+        loaded = asyncio.run(go())
     except (RedisError, OSError) as exc:
         return fail(f"Redis at {settings.redis.shown_url}: {exc}")
-    print(f"loaded {entries} curated answers and {variants} variants from {path} as {name!r} (cache version {tag})")
+    print(f"loaded {loaded.entries} curated answers and {loaded.variants} variants from {path} as {name!r} "
+          f"(cache version {loaded.tags}); {loaded.replaced} model answers to the same questions removed "
+          f"({loaded.keys_removed} keys, exact and semantic)")
     return 0
 
 
@@ -396,29 +401,34 @@ def _replace(settings: Settings, **changes: object) -> Settings:
     return msgspec.structs.replace(settings, **changes)
 
 
-def _keys_path(args: argparse.Namespace, settings: Settings) -> Path | None:
+def _keys_path(args: argparse.Namespace, settings: Settings) -> Path:
     if args.file:
         return Path(args.file)
-    return settings.resolve(settings.keys_file) if settings.keys_file else None
+    return settings.resolve(settings.keys_file or DEFAULT_KEYS_FILE)
 
 
 def cmd_keys(args: argparse.Namespace, settings: Settings) -> int:
     from app.auth import add_key, read_keys, revoke_key
 
     path = _keys_path(args, settings)
-    if path is None:
-        return fail("no keys file: pass --file or set STRATA_KEYS_FILE")
     try:
         if args.action == "add":
+            existed = path.exists()
             key, record = add_key(path, args.tenant, user=args.user, may_refresh=args.may_refresh, operator=args.operator)
             whose = f"user {record.user!r} of tenant {record.tenant!r}" if record.user else f"tenant {record.tenant!r}"
             whose += " (operator: signs in to /console)" if record.operator else ""
             print(f"key id {record.id} for {whose} (shown once, store it now):")
             print(key)
+            print(f"kept (hashed) in {path}", file=sys.stderr)
+            if not settings.keys_file and not existed:
+                print(f"keys are not checked yet: Strata checks them when started with STRATA_KEYS_FILE={path} "
+                      "(`make strata-stop up` does so once this file exists). From then on every API request "
+                      "needs a key (Authorization: Bearer sk-strata-...): requests without one are refused with 401, "
+                      "and each key's tenant shares nothing with another.", file=sys.stderr)
         elif args.action == "revoke":
             if not revoke_key(path, args.key_id):
                 return fail(f"no active key with id {args.key_id!r} in {path}")
-            print(f"revoked {args.key_id}")
+            print(f"revoked {args.key_id} (a running Strata refuses it within a second; its console sessions end)")
         else:
             for record in read_keys(path).keys:
                 state = "revoked" if record.revoked else "active"
@@ -427,6 +437,26 @@ def cmd_keys(args: argparse.Namespace, settings: Settings) -> int:
                       f"{time.strftime('%Y-%m-%d', time.gmtime(record.created_at))}")
     except ValueError as exc:
         return fail(str(exc))
+    return 0
+
+
+def cmd_admin_token(args: argparse.Namespace, settings: Settings) -> int:
+    """The console's admin token file: made if missing (``make up``), shown, or rotated."""
+    from app.auth import new_admin_token
+
+    if settings.admin_token:
+        return fail("STRATA_ADMIN_TOKEN is set: the token is that variable's, not a file's")
+    path = Path(args.file) if args.file else settings.resolve(settings.admin_token_file or DEFAULT_ADMIN_TOKEN_FILE)
+    try:
+        token, written = new_admin_token(path, rotate=args.action == "rotate")
+    except OSError as exc:
+        return fail(f"{path}: {exc}")
+    if args.action == "show":
+        print(token)
+    elif args.action == "rotate":
+        print(f"rotated: {path} holds a new token; a Strata reading it ends every admin session within a second")
+    elif written:
+        print(f"console: admin token written to {path} (0600)")
     return 0
 
 
@@ -526,7 +556,7 @@ def parser() -> argparse.ArgumentParser:
     faq_load.set_defaults(run=cmd_faq_load)
 
     keys = commands.add_parser("keys", help="API keys of tenants (stored as salted hashes)")
-    keys.add_argument("--file", help="keys file (default: STRATA_KEYS_FILE)")
+    keys.add_argument("--file", help=f"keys file (default: STRATA_KEYS_FILE, else {DEFAULT_KEYS_FILE})")
     actions = keys.add_subparsers(dest="action", required=True)
     add = actions.add_parser("add", help="create a key for a tenant and print it once")
     add.add_argument("--tenant", required=True)
@@ -539,6 +569,12 @@ def parser() -> argparse.ArgumentParser:
     revoke.add_argument("key_id")
     actions.add_parser("list", help="key ids, state and tenants (never the keys)")
     keys.set_defaults(run=cmd_keys)
+
+    admin_token = commands.add_parser("admin-token", help="the console's admin token file (make up makes it)")
+    admin_token.add_argument("action", choices=["ensure", "show", "rotate"],
+                             help="ensure: make it if missing; show: print it; rotate: write a new one")
+    admin_token.add_argument("--file", help=f"default: STRATA_ADMIN_TOKEN_FILE, else {DEFAULT_ADMIN_TOKEN_FILE}")
+    admin_token.set_defaults(run=cmd_admin_token)
     from app import ops, top
 
     ops.register(commands)

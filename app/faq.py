@@ -22,11 +22,19 @@ import msgspec
 import numpy as np
 import yaml
 from redis.asyncio import Redis
+from redisvl.query import VectorRangeQuery
+from redisvl.query.filter import Tag
 
-from app.cache.adaptive import score_bin
+from app.cache.adaptive import same_wording, score_bin
 from app.cache.entry import CacheEntry
 from app.cache.keys import (
     FIELD_ALIASES,
+    FIELD_CATEGORY,
+    FIELD_EMBEDDING,
+    FIELD_QUESTION,
+    FIELD_ROOT,
+    FIELD_SOURCE,
+    FIELD_TENANT,
     KEYS,
     OBS_CURATED,
     SOURCE_FAQ,
@@ -42,6 +50,12 @@ from app.wire import json_encoder
 
 if TYPE_CHECKING:  # the assembly is above this module; only its type is needed here
     from app.assembly import CacheParts
+    from app.cache.semantic import SemanticCache
+
+# How far (cosine distance) a model answer's question may lie from a curated wording and still be
+# looked at; only those of the same wording (up to case, spaces and punctuation) are removed.
+_SAME_WORDING_RADIUS = 0.1
+_COPIES_PER_WORDING = 1000
 
 class FaqFileError(ValueError):
     """A curated-answer file that cannot be loaded; the message is one line for the user."""
@@ -171,9 +185,66 @@ async def load_faq(redis: Redis, embedder: Embedder, tag: str, items: list[FaqIt
     return len(items), len(new_keys) - len(items)
 
 
-async def load_faq_in_buckets(cache: CacheParts, items: list[FaqItem], name: str, policy: Policy) -> tuple[str, int, int]:
+class FaqLoaded(msgspec.Struct, frozen=True, kw_only=True):
+    """What loading curated answers did.
+
+    Attributes:
+        tags: The version tags written to.
+        entries: Curated answers written.
+        variants: Their variants written.
+        replaced: Model answers removed because a curated one now answers their question: entries
+            (with their exact copies and their aliases) whose question is one of the curated wordings.
+        keys_removed: Redis keys those removals deleted (exact and semantic).
+    """
+
+    tags: str
+    entries: int
+    variants: int
+    replaced: int = 0
+    keys_removed: int = 0
+
+
+async def remove_model_copies(semantic: SemanticCache, tag: str, items: list[FaqItem]) -> tuple[int, int]:
+    """Delete the model's answers to the curated questions and variants in their tenant and
+    category, in both layers, so that the next request gets the curated answer whatever was
+    cached before.
+
+    A model answer's semantic document and its exact entry share one digest, so each document
+    found (by a range query around the wording, then the same wording) names its exact copy. Its
+    aliases go with it: they were learnt to mean the same question. Returns (entries, keys) removed.
+    """
+    redis, keys = semantic.keys_redis, semantic.keys
+    index = await semantic.index(tag)
+    wordings = [(item, text) for item in items for text in (item.question, *item.variants)]
+    if not wordings:
+        return 0, 0
+    vectors = await semantic.embedder.embed([normalize_text(text) for _, text in wordings])
+    roots: set[str] = set()
+    for (item, text), vector in zip(wordings, vectors, strict=True):
+        query = VectorRangeQuery(
+            vector=np.asarray(vector, dtype=np.float32).tobytes(), vector_field_name=FIELD_EMBEDDING,
+            distance_threshold=_SAME_WORDING_RADIUS, num_results=_COPIES_PER_WORDING,
+            return_fields=[FIELD_QUESTION, FIELD_ROOT, FIELD_SOURCE],
+            filter_expression=(Tag(FIELD_TENANT) == item.tenant) & (Tag(FIELD_CATEGORY) == item.category))
+        for row in await index.query(query):
+            if row.get(FIELD_SOURCE) == SOURCE_FAQ or not same_wording(text, row.get(FIELD_QUESTION, "")):
+                continue
+            roots.add(str(row.get(FIELD_ROOT) or row["id"]))
+    doomed: set[str] = set()
+    prefix = keys.semantic_prefix(tag)
+    for root in roots:
+        for document in await semantic.documents_of(tag, root) | {root}:
+            doomed.add(document)
+            if document.startswith(prefix):
+                doomed.add(keys.exact_prefix(tag) + document[len(prefix):])
+    removed = int(await redis.unlink(*doomed)) if doomed else 0
+    return len(roots), removed
+
+
+async def load_faq_in_buckets(cache: CacheParts, items: list[FaqItem], name: str, policy: Policy) -> FaqLoaded:
     """:func:`load_faq` into every bucket (the one Redis, or each bucket of a cluster), each item
-    into the bucket of its tenant and category, where that tenant's lookups search.
+    into the bucket of its tenant and category, where that tenant's lookups search; then the
+    model's answers to the same wordings there are removed (:func:`remove_model_copies`).
 
     Args:
         cache: The cache (with its semantic layer).
@@ -182,18 +253,21 @@ async def load_faq_in_buckets(cache: CacheParts, items: list[FaqItem], name: str
         policy: The categories.
 
     Returns:
-        (the version tags, entries, variants) written.
+        What was written and removed.
     """
-    tags, entries, variants = set(), 0, 0
+    tags, entries, variants, replaced, removed = set(), 0, 0, 0, 0
     for i, bucket in enumerate(cache.each):
         assert bucket.semantic is not None, "curated answers need the semantic layer"
         tag = await bucket.versions.refresh()
         await bucket.semantic.index(tag)
         mine = [item for item in items if cache.buckets.of(item.tenant, item.category) == i]
         written = await load_faq(bucket.bucket.redis, bucket.semantic.embedder, tag, mine, name, policy, bucket.bucket.keys)
+        copies = await remove_model_copies(bucket.semantic, tag, mine)
         tags.add(tag)
         entries, variants = entries + written[0], variants + written[1]
-    return ", ".join(sorted(tags)), entries, variants
+        replaced, removed = replaced + copies[0], removed + copies[1]
+    return FaqLoaded(tags=", ".join(sorted(tags)), entries=entries, variants=variants, replaced=replaced,
+                     keys_removed=removed)
 
 
 def _bytes(vector: np.ndarray) -> bytes:

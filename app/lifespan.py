@@ -22,7 +22,7 @@ from app.assembly import (
     response_ids,
     semantic_parts,
 )
-from app.auth import TenantResolver
+from app.auth import AdminToken, TenantResolver
 from app.cache.base import CACHE_ERRORS, SharedRedis
 from app.cache.buckets import Buckets, ClusterUnavailable, open_buckets
 from app.cache.invalidation import sweep_stale_generations
@@ -65,6 +65,7 @@ class Resources:
     metrics: Metrics
     usage: UsageCounts
     tenants: TenantResolver
+    admin: AdminToken
     hygiene: PromptHygiene | None
     rate_limiter: TenantRateLimiter
     semantic_parts: SemanticParts | None
@@ -128,7 +129,10 @@ async def build_resources(settings: Settings, encoder: Encoder | None = None, re
     ids = response_ids(settings)
     recent = RecentHits()
     cache = assemble(settings, policy, buckets, metrics, parts, ids)
+    admin = AdminToken(settings.admin_token,
+                       settings.resolve(settings.admin_token_file) if settings.admin_token_file else None)
     return Resources(ids=ids, settings=settings, policy=policy, upstream=upstream, metrics=metrics, usage=usage, tenants=tenants,
+                     admin=admin,
                      hygiene=hygiene, rate_limiter=rate_limiter, semantic_parts=parts, cache=cache,
                      pipeline=pipeline_over(cache, settings, upstream, metrics, ids, recent), recent=recent)
 

@@ -31,7 +31,7 @@ class OutcomeLog(Protocol):
     keeps them in Redis for ``strata cache stats``)."""
 
     def add(self, category: str, outcome: str, now: float | None = None, *, tenant: str | None = None,
-            seconds: float | None = None, curated: bool = False) -> None: ...
+            seconds: float | None = None, curated: bool = False, coalesced: bool = False) -> None: ...
 
 
 class Metrics:
@@ -168,16 +168,17 @@ class Metrics:
         )
 
     def finish(self, outcome: str, started: float, category: str | None = None, *, tenant: str | None = None,
-               curated: bool = False) -> None:
+               curated: bool = False, coalesced: bool = False) -> None:
         """Count one finished request (and its category's) and its latency since ``started``
         (``perf_counter``); with its tenant, also per tenant and layer for the console
-        (``curated``: a curated answer served it)."""
+        (``curated``: a curated answer served it; ``coalesced``: it waited on an identical miss)."""
         elapsed = time.perf_counter() - started
         self.requests.labels(outcome).inc()
         if category is not None:
             self.category_requests.labels(category, outcome).inc()
             if self._outcomes is not None:
-                self._outcomes.add(category, outcome, tenant=tenant, seconds=elapsed, curated=curated)
+                self._outcomes.add(category, outcome, tenant=tenant, seconds=elapsed, curated=curated,
+                                   coalesced=coalesced)
         self.latency.labels(outcome).observe(elapsed)
 
     def tenant(self, tenant: str) -> str:

@@ -18,6 +18,10 @@ from msgspec import field
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 ENV_PREFIX = "STRATA_"
+# Where `make up` keeps the console's admin token (0600) and where `strata keys` writes keys when
+# STRATA_KEYS_FILE is unset; `make up` starts Strata with each file that exists.
+DEFAULT_ADMIN_TOKEN_FILE = ".run/strata/admin-token"
+DEFAULT_KEYS_FILE = ".run/strata/keys.json"
 
 
 class RedisSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -141,6 +145,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     workers: int = 1
     log_level: str = "info"
     admin_token: str | None = None
+    # The admin token's file when ``admin_token`` is unset (``make up`` writes .run/strata/admin-token,
+    # 0600); re-read when it changes, so a rotation ends the old token's sessions.
+    admin_token_file: str = ""
+    # Failed console sign-ins allowed per client address and per token prefix in a window; past
+    # it, sign-in answers 429 with Retry-After until the window ends.
+    console_signin_attempts: int = 10
+    console_signin_window_s: int = 300
     # /metrics behind ``Authorization: Bearer <token>`` when set (it names categories and tenants);
     # ``metrics_tenant_labels`` false puts every tenant in one series (``tenant="-"``).
     metrics_token: str | None = None

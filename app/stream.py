@@ -125,7 +125,7 @@ def serve_hit(hit: CacheHit, request: ChatCompletionRequest, started: float, met
         headers["X-Cache-Verdict"] = hit.reason
     if coalesced:
         headers["X-Cache-Coalesced"] = "true"
-    metrics.finish(outcome, started, category, tenant=tenant, curated=hit.source == "faq")
+    metrics.finish(outcome, started, category, tenant=tenant, curated=hit.source == "faq", coalesced=coalesced)
     if request.stream:
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
         events = replay_chunks(completion, include_usage=include_usage)

@@ -16,9 +16,10 @@ from app.lifespan import Resources, sweep_generations_after, sweep_versions_afte
 
 
 def require_admin(request: Request[Any, Any, Any], resources: Resources) -> None:
-    token = resources.settings.admin_token
+    token = resources.admin.current()
     if not token:
-        raise Forbidden("admin endpoints are disabled: set STRATA_ADMIN_TOKEN to enable them", code="admin_disabled")
+        raise Forbidden("admin endpoints are disabled: set STRATA_ADMIN_TOKEN or STRATA_ADMIN_TOKEN_FILE to enable them",
+                        code="admin_disabled")
     header = request.headers.get("authorization", "")
     scheme, _, presented = header.partition(" ")
     # Constant-time comparison: the token must not leak through response timing.

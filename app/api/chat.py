@@ -36,7 +36,7 @@ def request_category(request: Request[Any, Any, Any], resources: Resources) -> C
 
 
 def _operator(request: Request[Any, Any, Any], resources: Resources) -> bool:
-    token, presented = resources.settings.admin_token, request.headers.get(ADMIN_TOKEN_HEADER)
+    token, presented = resources.admin.current(), request.headers.get(ADMIN_TOKEN_HEADER)
     return bool(token and presented) and hmac.compare_digest(str(presented).encode(), str(token).encode())
 
 

@@ -253,8 +253,14 @@ class CacheInvalidator:
             assert what.key is not None
             done = Invalidated(kind=kind, target=what.key, deleted=await self.delete_entry(what.key))
         elif kind == "question":
-            key = await self.entry_of_question(what)
-            done = Invalidated(kind=kind, target=key, deleted=await self.delete_entry(key))
+            copies = await self.copies_of_question(what)
+            deleted = 0
+            for key in copies:
+                try:
+                    deleted += await self.delete_entry(key)
+                except NothingThere:
+                    continue  # went with an earlier copy (an alias of it), or expired meanwhile
+            done = Invalidated(kind=kind, target=copies[0], deleted=deleted)
         elif kind == "user":
             assert what.user is not None and what.tenant is not None
             deleted = await self._delete_user(what.tenant, what.user, what.category)
@@ -307,6 +313,15 @@ class CacheInvalidator:
 
     async def entry_of_question(self, what: Invalidation) -> str:
         """The key of the entry a request with this question would be served from."""
+        return (await self.copies_of_question(what))[0]
+
+    async def copies_of_question(self, what: Invalidation) -> list[str]:
+        """Every copy of the answer a request with this question is served: its exact entry and the
+        semantic document stored with it (one digest), or else the semantic entry that serves it.
+
+        Raises:
+            NothingThere: Nothing serves the question.
+        """
         category = self._policy.category(what.category)  # checked
         messages: list[dict[str, Any]] = [{"role": "system", "content": what.system}] if what.system else []
         messages.append({"role": "user", "content": what.question})
@@ -321,12 +336,14 @@ class CacheInvalidator:
         generation = await self._generations.refresh(category.name, tenant)
         query = CacheQuery(canonical=canonical, category=category, version=version, generation=generation)
         key = exact_key(query, self._versions.keys)
-        if await self._redis.exists(key):
-            return key
+        document = self._versions.keys.semantic_prefix(version) + query.entry_digest
+        copies = [k for k in (key, document) if await self._redis.exists(k)]
+        if copies:
+            return copies
         if self._semantic is not None:
             found = await self._semantic.lookup(query)
             if isinstance(found, CacheHit) and found.key is not None:
-                return found.key
+                return [found.key]
         raise NothingThere(f"no entry serves {what.question!r} in category {category.name!r} for tenant {tenant!r}")
 
     async def _delete_faq(self, name: str) -> int:

@@ -34,6 +34,12 @@ Redis key layout (every name readable with ``redis-cli``)::
     strata:fb:<nonce>              STRING  the verdict given on one response (POST /v1/feedback), until
                                            its id expires (STRATA_FEEDBACK_TTL_S): one per response.
                                            A hit writes nothing: its id carries what served it
+    strata:console:ended:<session id>
+                                   STRING  a console session signed out: refused until it would have
+                                           expired anyway (its TTL), so the table never outgrows the sessions
+    strata:console:signin:<addr|prefix>:<sha256[:16]>
+                                   STRING  failed console sign-ins from one client address, or with one
+                                           token prefix, in the current window (its TTL)
 
 On a Redis Cluster (``STRATA_REDIS_URL=redis+cluster://...``) the cache is split into buckets
 (app/cache/buckets.py), each a hash tag such as ``b7`` listed in ``strata:meta:buckets`` (STRING,
@@ -64,6 +70,9 @@ NAMESPACE = "strata"
 AUDIT_KEY = f"{NAMESPACE}:meta:audit"
 # The secret response ids are signed with when none is configured (app/cache/receipts.py).
 RESPONSE_SECRET_KEY = f"{NAMESPACE}:meta:response_id_secret"
+# The console's sessions signed out, and its failed sign-ins (app/web/guard.py).
+CONSOLE_ENDED_PREFIX = f"{NAMESPACE}:console:ended:"
+CONSOLE_SIGNIN_PREFIX = f"{NAMESPACE}:console:signin:"
 # On a Redis Cluster: the hash tags of the cache's buckets, chosen by the first instance.
 BUCKETS_KEY = f"{NAMESPACE}:meta:buckets"
 # The generation of a (category, tenant) no targeted invalidation has touched: its keys are the

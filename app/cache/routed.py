@@ -153,9 +153,12 @@ class RoutedInvalidator:
             done = await asyncio.gather(*(each.carry_out(what) for each in self._each))
             logger.info("%s moved in %d buckets", done[0].target, len(done))
             return done[0]
-        if kind in ("key", "question"):
-            key = what.key if what.key is not None else await self.entry_of_question(what)
-            return Invalidated(kind=kind, target=key, deleted=await self.for_key(key).delete_entry(key))
+        if kind == "question":
+            category = self._policy.category(what.category)  # checked
+            return await self._each[self._buckets.of(what.tenant or "default", category.name)].carry_out(what)
+        if kind == "key":
+            assert what.key is not None
+            return Invalidated(kind=kind, target=what.key, deleted=await self.for_key(what.key).delete_entry(what.key))
         results = await asyncio.gather(*(each.carry_out(what) for each in self._each), return_exceptions=True)
         failures = [r for r in results if isinstance(r, BaseException) and not isinstance(r, NothingThere)]
         if failures:

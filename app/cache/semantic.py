@@ -114,6 +114,11 @@ class SemanticCache:
     def embedder(self) -> Embedder:
         return self._embedder
 
+    @property
+    def keys_redis(self) -> Redis:
+        """The Redis holding this layer's documents (its bucket's, on a cluster)."""
+        return self._redis
+
     def schema_for(self, tag: str) -> dict[str, Any]:
         schema: dict[str, Any] = copy.deepcopy(self._schema_template)
         schema["index"]["name"] = self.keys.semantic_index_name(tag)

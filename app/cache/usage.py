@@ -29,8 +29,10 @@ FLUSH_EVERY_S = 5.0
 
 
 # The layers a request is answered by, as the console names them: a curated answer is told apart
-# from the model's answers whether it was found exactly or semantically.
-LAYERS = ("exact", "semantic", "curated", "miss", "bypass", "error")
+# from the model's answers whether it was found exactly or semantically; a request that waited for
+# an identical request's model answer (single flight) is ``coalesced``: no model call of its own,
+# but no hit either (it waited as long as the model took).
+LAYERS = ("exact", "semantic", "curated", "coalesced", "miss", "bypass", "error")
 _LAYER_OF_OUTCOME = {"exact-hit": "exact", "semantic-hit": "semantic", "miss": "miss", "bypass": "bypass",
                      "error": "error"}
 # Upper bounds (ms) of the latency histogram: fine where hits are (a few ms), coarse where the
@@ -71,7 +73,7 @@ class UsageCounts:
         self._layers: Counter[tuple[int, str]] = Counter()
 
     def add(self, category: str, outcome: str, now: float | None = None, *, tenant: str | None = None,
-            seconds: float | None = None, curated: bool = False) -> None:
+            seconds: float | None = None, curated: bool = False, coalesced: bool = False) -> None:
         """Count one finished request.
 
         Args:
@@ -81,12 +83,13 @@ class UsageCounts:
             tenant: Its tenant: also counted per tenant and layer, with its latency.
             seconds: How long it took, for the per-layer latency.
             curated: Whether a curated answer served it.
+            coalesced: Whether it was answered by waiting on an identical request's model answer.
         """
         minute = int((time.time() if now is None else now) // 60)
         self._pending[(minute, usage_field(category, outcome))] += 1
         if tenant is None:
             return
-        layer = "curated" if curated else _LAYER_OF_OUTCOME.get(outcome, outcome)
+        layer = "coalesced" if coalesced else "curated" if curated else _LAYER_OF_OUTCOME.get(outcome, outcome)
         self._layers[(minute, layer_field(KIND_REQUESTS, layer, category, tenant))] += 1
         if seconds is not None:
             milliseconds = max(0.0, seconds * 1000)

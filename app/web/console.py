@@ -1,21 +1,28 @@
-"""The operators' console at ``/console`` (issue #35): server-rendered pages, no build step.
+"""The operators' console at ``/console`` (issues #35, #44): server-rendered pages, no script.
 
-Who may see what: the admin token (``STRATA_ADMIN_TOKEN``) sees every tenant; a tenant's operator
-key (``strata keys add --tenant T --operator``) sees and changes tenant T only, whatever a URL
-names. Sessions are signed cookies (app/web/sessions.py); every change is a POST with the
-session's CSRF token and is audited with who made it (``strata:meta:audit``). Templates escape
-everything they show (Jinja autoescape), so a cached answer holding markup is shown as text.
+Who may see what: the admin token (``STRATA_ADMIN_TOKEN``, or the file ``make up`` writes) sees
+every tenant; a tenant's operator key (``strata keys add --tenant T --operator``) sees and changes
+tenant T only: a URL or form naming another tenant is refused with 403. Sessions are signed
+cookies (app/web/sessions.py) that app/web/guard.py checks at every request (signed out, key
+revoked, token rotated); sign-in attempts are limited. Every change is a POST with the session's
+CSRF token and is audited with who made it (``strata:meta:audit``). Templates escape everything
+they show (Jinja autoescape), so a cached answer holding markup is shown as text; every response
+carries a strict CSP and no-framing headers (app/web/headers.py); messages after a change are
+chosen by code, never taken from the URL.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import json
+import math
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import msgspec
 from jinja2 import Environment, FileSystemLoader, select_autoescape
@@ -26,19 +33,32 @@ from litestar.response import Redirect, Template
 from litestar.template.config import TemplateConfig
 
 from app.auth import KEY_PREFIX
+from app.cache.adaptive import same_wording
 from app.cache.base import CACHE_ERRORS
 from app.cache.feedback import FeedbackError, FeedbackRequest
 from app.cache.invalidation import Invalidated, Invalidation, InvalidationError, NothingThere
-from app.cache.keys import FIELD_ANSWER, FIELD_CATEGORY, FIELD_QUESTION, FIELD_ROOT, FIELD_TENANT, as_text, layers_key
+from app.cache.keys import (
+    FIELD_ANSWER,
+    FIELD_CATEGORY,
+    FIELD_QUESTION,
+    FIELD_ROOT,
+    FIELD_TENANT,
+    as_text,
+    layers_key,
+    normalize_text,
+)
 from app.cache.recent import RECENT_HITS
-from app.cache.review import ReviewItem
+from app.cache.review import REVIEW_MAX_ITEMS, ReviewItem
 from app.cache.usage import LAYERS
 from app.cache.verify import READER_ACCEPTED
 from app.errors import StrataError
-from app.faq import FaqItem, curated_completion, load_faq_in_buckets
+from app.faq import FaqItem, curated_completion, load_faq_in_buckets, remove_model_copies
 from app.lifespan import Resources, sweep_generations_after, sweep_versions_after
+from app.web.guard import ConsoleGuard, token_prefix
+from app.web.headers import security_headers
 from app.web.overview import CURVE_SLOT_MINUTES, LayerFigures, layer_figures
 from app.web.sessions import SESSION_COOKIE, SESSION_TTL_S, ConsoleSession, SessionSigner
+from app.web.words import MESSAGES, VERDICT_WORDS, verdict_words
 
 TEMPLATES = Path(__file__).parent / "templates"
 # Minutes the overview draws (what `strata:meta:layers:<minute>` keeps: two hours).
@@ -46,6 +66,11 @@ OVERVIEW_MINUTES = 120
 # Audit entries the review page reads for hits marked wrong and reviews settled.
 AUDIT_SCANNED = 500
 ITEM_ID = re.compile(r"^[0-9a-f]{24}$")
+# Rows per page of the served, review and audit lists.
+PAGE_SIZE = 25
+# Audit entries the audit page searches and pages through.
+AUDIT_SHOWN = 1000
+STATIC = Path(__file__).parent / "static"
 
 
 def _utc(unix_time: float) -> str:
@@ -56,6 +81,7 @@ def template_config() -> TemplateConfig[JinjaTemplateEngine]:
     """The console's templates, every one autoescaped."""
     environment = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(default=True))
     environment.filters["utc"] = _utc
+    environment.filters["verdict_words"] = verdict_words
     return TemplateConfig(instance=JinjaTemplateEngine.from_environment(environment))
 
 
@@ -70,11 +96,22 @@ def _signer(resources: Resources) -> SessionSigner:
     return SessionSigner(secret)
 
 
-def _session(request: Request[Any, Any, Any], resources: Resources) -> ConsoleSession:
+def _guard(resources: Resources) -> ConsoleGuard:
+    settings = resources.settings
+    return ConsoleGuard(resources.cache.shared, _signer(resources), resources.admin, resources.tenants,
+                        settings.console_signin_attempts, settings.console_signin_window_s)
+
+
+async def _session(request: Request[Any, Any, Any], resources: Resources) -> ConsoleSession:
+    """The request's session, if it is signed, unexpired, not signed out, and its key or token holds."""
     session = _signer(resources).open(request.cookies.get(SESSION_COOKIE))
-    if session is None:
+    if session is None or not await _guard(resources).valid(session):
         raise NotSignedIn
     return session
+
+
+def _address(request: Request[Any, Any, Any]) -> str:
+    return request.client.host if request.client else "unknown"
 
 
 def _who(session: ConsoleSession, request: Request[Any, Any, Any]) -> str:
@@ -84,10 +121,65 @@ def _who(session: ConsoleSession, request: Request[Any, Any, Any]) -> str:
 
 
 def _page(name: str, session: ConsoleSession | None, resources: Resources, status: int = 200,
-          **context: Any) -> Template:
+          headers: dict[str, str] | None = None, **context: Any) -> Template:
     csrf = _signer(resources).csrf_token(session) if session is not None else ""
-    return Template(template_name=name, status_code=status,
-                    context={"session": session, "csrf": csrf, "categories": _semantic_categories(resources), **context})
+    return Template(template_name=name, status_code=status, headers=headers,
+                    context={"session": session, "csrf": csrf, "categories": _semantic_categories(resources),
+                             "verdicts": VERDICT_WORDS, **context})
+
+
+def _done(path: str, session: ConsoleSession, resources: Resources, code: str, detail: str = "",
+          **params: str) -> Redirect:
+    """Back to a page after a change, with a message by code; a detail the console wrote (the
+    question it names, what it counted) is signed for this session, so no URL can put words there."""
+    query = {**params, "message": code}
+    if detail:
+        query["detail"] = detail
+        query["sig"] = _signer(resources).sign(f"{session.sid}|{code}|{detail}")
+    return Redirect(path=path, query_params=query)
+
+
+def _message(request: Request[Any, Any, Any], session: ConsoleSession, resources: Resources) -> str:
+    """The words of the message a redirect names: a known code's, with its detail if signed for this session."""
+    code = request.query_params.get("message", "")
+    words = MESSAGES.get(code)
+    if words is None:
+        return ""
+    detail, signature = request.query_params.get("detail", ""), request.query_params.get("sig", "")
+    if detail and hmac.compare_digest(signature.encode(), _signer(resources).sign(f"{session.sid}|{code}|{detail}").encode()):
+        return f"{words} {detail}"
+    return words
+
+
+def _elsewhere(session: ConsoleSession, *tenants: str | None) -> bool:
+    """Whether an operator named a tenant not its own (in a URL or a form)."""
+    return any(t and not session.sees(t) for t in tenants)
+
+
+def _paged(rows: Sequence[Any], page: int, query: str, text: Callable[[Any], Iterable[str]],
+           path: str, params: dict[str, str]) -> dict[str, Any]:
+    """One page of ``rows`` matching a search, with the links to the other pages.
+
+    Args:
+        rows: Every row, in the order shown.
+        page: The page asked for (1-based; out of range: the nearest page).
+        query: Text every row shown contains somewhere (case-folded); empty: every row.
+        text: A row's searchable texts.
+        path: The page's path, for the links.
+        params: The page's other query parameters, kept in the links.
+    """
+    needle = query.strip().casefold()
+    found = [row for row in rows if not needle or any(needle in (t or "").casefold() for t in text(row))]
+    pages = max(1, math.ceil(len(found) / PAGE_SIZE))
+    page = min(max(1, page), pages)
+
+    def link(number: int) -> str:
+        kept = {k: v for k, v in params.items() if v}
+        return f"{path}?{urlencode({**kept, **({'q': query} if query else {}), 'page': number})}"
+
+    return {"rows": found[(page - 1) * PAGE_SIZE: page * PAGE_SIZE], "page": page, "pages": pages,
+            "total": len(found), "q": query, "previous": link(page - 1) if page > 1 else None,
+            "next": link(page + 1) if page < pages else None}
 
 
 def _forbidden(session: ConsoleSession, resources: Resources, message: str) -> Template:
@@ -110,7 +202,7 @@ async def _change(request: Request[Any, Any, Any], resources: Resources) -> tupl
         NotSignedIn: No session.
         CsrfRefused: The token is missing or wrong.
     """
-    session = _session(request, resources)
+    session = await _session(request, resources)
     form = await _form(request)
     if not _signer(resources).csrf_ok(session, form.get("csrf")):
         raise CsrfRefused
@@ -131,52 +223,102 @@ def _tenant_of(session: ConsoleSession, asked: str | None) -> str | None:
 class ConsoleController(Controller):
     path = "/console"
     include_in_schema = False
+    middleware = (security_headers,)
+
+    @get("/static/console.css")
+    async def stylesheet(self) -> Response[bytes]:
+        """The pages' one stylesheet: the CSP allows no inline style."""
+        return Response(content=(STATIC / "console.css").read_bytes(), media_type="text/css")
 
     @get("/login")
     async def login_form(self, resources: Resources) -> Template:
-        return _page("login.html", None, resources)
+        return self._login_page(resources)
+
+    @staticmethod
+    def _login_page(resources: Resources, status: int = 200, error: str = "",
+                    headers: dict[str, str] | None = None) -> Template:
+        """The sign-in form; it says so when the console is off, and how to turn it on."""
+        admin_on = resources.admin.current() is not None
+        return _page("login.html", None, resources, status=status, headers=headers, error=error, admin_on=admin_on,
+                     operators_on=resources.tenants.configured, token_source=resources.admin.source)
 
     @post("/login")
     async def login(self, request: Request[Any, Any, Any], resources: Resources) -> Response[Any]:
-        """Sign in with the admin token or a tenant operator's key; a cookie carries the session."""
+        """Sign in with the admin token or a tenant operator's key; a cookie carries the session.
+        Failed attempts are counted per client address and token prefix; past the limit, 429."""
         token = (await _form(request)).get("token", "").strip()
-        who, tenant = self._authenticate(token, resources)
+        guard, address = _guard(resources), _address(request)
+        audit = resources.cache.invalidator.audit_log
+        try:
+            wait = await guard.wait_s(address, token)
+        except CACHE_ERRORS:
+            return self._login_page(resources, 503, "The console cannot check sign-ins just now (Redis): try again.")
+        if wait:
+            return self._login_page(resources, 429, f"Too many failed sign-ins: try again in {wait} s.",
+                                    headers={"Retry-After": str(wait)})
+        who, tenant, key_id = self._authenticate(token, resources)
+        prefix = hashlib.sha256(token_prefix(token).encode()).hexdigest()[:16]
         if who is None:
-            return _page("login.html", None, resources, status=401, error="That token does not sign in to the console.")
-        _, cookie = _signer(resources).new(who, tenant)
+            try:
+                count = await guard.failed(address, token)
+                await audit.record_event(who=f"console:?@{address}", done=Invalidated(
+                    kind="sign-in", target="locked" if count == guard.attempts else "refused"),
+                    request={"address": address, "token_prefix_sha256": prefix, "failures": count})
+            except CACHE_ERRORS:
+                pass  # the refusal stands; only its count and record are missing
+            if not resources.admin.current() and not resources.tenants.configured:
+                return self._login_page(resources, 401, "The console is off: nothing signs in (see below).")
+            return self._login_page(resources, 401, "That token does not sign in to the console.")
+        signer = _signer(resources)
+        session, cookie = signer.new(who, tenant, key_id=key_id,
+                                     token_mark=signer.token_mark(token) if tenant is None else "")
+        try:
+            await audit.record_event(who=_who(session, request), done=Invalidated(kind="sign-in", target=who),
+                                     request={"address": address, **({"tenant": tenant} if tenant else {})})
+        except CACHE_ERRORS:
+            return self._login_page(resources, 503, "The console cannot record sign-ins just now (Redis): try again.")
         response = Redirect(path="/console")
         response.cookies.append(Cookie(key=SESSION_COOKIE, value=cookie, max_age=SESSION_TTL_S, httponly=True,
                                        secure=True, samesite="strict", path="/console"))
         return response
 
     @staticmethod
-    def _authenticate(token: str, resources: Resources) -> tuple[str | None, str | None]:
-        admin = resources.settings.admin_token
+    def _authenticate(token: str, resources: Resources) -> tuple[str | None, str | None, str | None]:
+        """(who, tenant, operator key id) a token signs in as; who is ``None``: it does not."""
+        admin = resources.admin.current()
         if admin and token and hmac.compare_digest(token.encode(), admin.encode()):
-            return "admin", None
+            return "admin", None, None
         if token.startswith(KEY_PREFIX):
             try:
                 caller = resources.tenants.caller(f"Bearer {token}")
             except StrataError:
-                return None, None
+                return None, None, None
             if caller.operator:
                 key_id = token[len(KEY_PREFIX):].partition("-")[0]
-                return f"operator:{key_id}", caller.tenant
-        return None, None
+                return f"operator:{key_id}", caller.tenant, key_id
+        return None, None, None
 
     @post("/logout")
     async def logout(self, request: Request[Any, Any, Any], resources: Resources) -> Response[Any]:
-        await _change(request, resources)
+        """Sign out: the session is ended server-side, so its cookie replayed is refused everywhere."""
+        session, _ = await _change(request, resources)
+        await _guard(resources).end(session)
+        await resources.cache.invalidator.audit_log.record_event(
+            who=_who(session, request), done=Invalidated(kind="sign-out", target=session.who),
+            request={"address": _address(request)})
         response = Redirect(path="/console/login")
         response.delete_cookie(SESSION_COOKIE, path="/console")
         return response
 
     @get("/")
-    async def overview(self, request: Request[Any, Any, Any], resources: Resources, tenant: str | None = None) -> Template:
+    async def overview(self, request: Request[Any, Any, Any], resources: Resources,
+                       tenant: str | None = None) -> Template:
         """Per tenant and category: requests by answering layer per minute, model calls and time
         saved, hit latency, the learning curve; and each adaptive category's live precision
         against its bound (the tenant's own pool for an operator)."""
-        session = _session(request, resources)
+        session = await _session(request, resources)
+        if _elsewhere(session, tenant):
+            return _forbidden(session, resources, "You cannot see another tenant's overview.")
         shown = _tenant_of(session, tenant)
         layers = await self._layers(resources, shown)
         precision = []
@@ -195,9 +337,10 @@ class ConsoleController(Controller):
                     continue
                 precision.append({"category": name, **msgspec.to_builtins(figures),
                                   "estimate": figures.error_estimate})
+        now_minute = int(time.time() // 60)
         return _page("overview.html", session, resources, layers=layers, precision=precision, tenant=shown,
                      version=tag, adaptive=adaptive, minutes=OVERVIEW_MINUTES, layer_names=LAYERS,
-                     curve_slot=CURVE_SLOT_MINUTES)
+                     curve_slot=CURVE_SLOT_MINUTES, charts=[chart(f, now_minute) for f in layers or []])
 
     @staticmethod
     async def _layers(resources: Resources, tenant: str | None) -> list[LayerFigures] | None:
@@ -218,22 +361,28 @@ class ConsoleController(Controller):
 
     @get("/served")
     async def served(self, request: Request[Any, Any, Any], resources: Resources, tenant: str | None = None,
-                     category: str | None = None, verdict: str | None = None) -> Template:
+                     category: str | None = None, verdict: str | None = None, q: str = "", page: int = 1) -> Template:
         """This worker's recent semantic hits: both questions, the similarity, the rule, the answer."""
-        session = _session(request, resources)
-        if tenant and not session.sees(tenant):
+        session = await _session(request, resources)
+        if _elsewhere(session, tenant):
             return _forbidden(session, resources, "You cannot see another tenant's hits.")
-        hits = resources.recent.latest(tenant=_tenant_of(session, tenant), category=category or None,
-                                       verdict=verdict or None)
-        return _page("served.html", session, resources, hits=hits, tenant=tenant or "", category=category or "",
-                     verdict=verdict or "", message=request.query_params.get("message", ""))
+        shown = _tenant_of(session, tenant)
+        hits = resources.recent.latest(tenant=shown, category=category or None, verdict=verdict or None,
+                                       count=RECENT_HITS)
+        listing = _paged(hits, page, q, lambda h: (h.asked, h.cached, h.answer), "/console/served",
+                         {"tenant": tenant or "", "category": category or "", "verdict": verdict or ""})
+        every = resources.recent.latest(tenant=session.tenant, count=RECENT_HITS)
+        tenants = sorted({h.tenant for h in every})
+        return _page("served.html", session, resources, hits=listing, tenant=tenant or "", category=category or "",
+                     verdict=verdict or "", message=_message(request, session, resources),
+                     tenant_counts=[(t, sum(h.tenant == t for h in every)) for t in tenants])
 
     @post("/served/wrong")
     async def mark_wrong(self, request: Request[Any, Any, Any], resources: Resources) -> Response[Any]:
         """Mark a served hit wrong: the feedback path (a veto at that similarity), audited."""
         session, form = await _change(request, resources)
         response_id = form.get("response_id", "")
-        hit = next((h for h in resources.recent.latest(count=10_000) if h.response_id == response_id), None)
+        hit = next((h for h in resources.recent.latest(count=RECENT_HITS) if h.response_id == response_id), None)
         if hit is None or not session.sees(hit.tenant):
             return _forbidden(session, resources, "No such hit of yours.")
         feedback = resources.cache.feedback
@@ -242,30 +391,60 @@ class ConsoleController(Controller):
         try:
             await feedback.give(FeedbackRequest(id=response_id, verdict="wrong"), tenant=hit.tenant, user=None,
                                 who=_who(session, request))
-            message = "Marked wrong: it is not served there again."
+            code, detail = "marked-wrong", f"(“{_short(hit.asked)}” served the answer to “{_short(hit.cached)}”)"
         except FeedbackError as exc:
-            message = f"Not recorded: {exc}"
-        return Redirect(path="/console/served", query_params={"message": message})
+            code, detail = "not-recorded", str(exc)
+        return _done("/console/served", session, resources, code, detail)
 
     @get("/review")
     async def review(self, request: Request[Any, Any, Any], resources: Resources, tenant: str | None = None,
-                     category: str = "faq") -> Template:
-        """The review queue: the refused grey-zone candidates of a tenant and category, most asked first."""
-        session = _session(request, resources)
-        if tenant and not session.sees(tenant):
+                     category: str = "", q: str = "", page: int = 1) -> Template:
+        """The review queue: the refused grey-zone candidates of a tenant and category, most asked
+        first. The admin, naming no tenant, lands on the queue with the most items."""
+        session = await _session(request, resources)
+        if _elsewhere(session, tenant):
             return _forbidden(session, resources, "You cannot see another tenant's queue.")
+        queues = await self._queues(resources, session.tenant)
+        if session.tenant is None and not tenant and queues:
+            tenant, category = (tenant or queues[0]["tenant"]), (category or queues[0]["category"])
         shown = _tenant_of(session, tenant) or "default"
+        category = category or ("faq" if "faq" in resources.policy.categories else _semantic_categories(resources)[0])
         items: list[ReviewItem] = []
         tag = resources.cache.known_version
         if tag is not None and category in resources.policy.categories:
             bucket = resources.cache.each[resources.cache.buckets.of(shown, category)] if resources.cache.each else None
             if bucket is not None:
-                items = await bucket.review.items(tag, category, shown)
+                items = await bucket.review.items(tag, category, shown, count=REVIEW_MAX_ITEMS)
+        listing = _paged(items, page, q, lambda i: (i.asked, i.cached, i.asked_answer, i.cached_answer),
+                         "/console/review", {"tenant": tenant or "", "category": category})
         settled = await self._settled(resources, shown, category)
         promoted = resources.recent.latest(tenant=shown, category=category, verdict=READER_ACCEPTED, count=20)
-        return _page("review.html", session, resources, items=items, tenant=shown, category=category,
-                     message=request.query_params.get("message", ""), promoted=promoted,
+        return _page("review.html", session, resources, items=listing, tenant=shown, category=category,
+                     message=_message(request, session, resources), promoted=promoted, queues=queues,
                      marked_wrong=settled["marked_wrong"], reviewed=settled["reviewed"])
+
+    @staticmethod
+    async def _queues(resources: Resources, tenant: str | None) -> list[dict[str, Any]]:
+        """Every review queue with items (of one tenant, or all), the fullest first."""
+        tag = resources.cache.known_version
+        found: list[dict[str, Any]] = []
+        if tag is None:
+            return found
+        for bucket in resources.cache.each:
+            redis, keys = bucket.bucket.redis, bucket.bucket.keys
+            prefix = keys.review_key(tag, "", "")[:-1]  # ...:review:
+            try:
+                async for raw in redis.scan_iter(match=prefix + "*", count=500):
+                    name = str(as_text(raw))
+                    category, _, owner = name[len(prefix):].partition(":")
+                    if tenant is not None and owner != tenant:
+                        continue
+                    count = int(await redis.zcard(name))
+                    if count:
+                        found.append({"tenant": owner, "category": category, "count": count})
+            except CACHE_ERRORS:
+                return found
+        return sorted(found, key=lambda q: (-q["count"], q["tenant"], q["category"]))
 
     @staticmethod
     async def _settled(resources: Resources, tenant: str, category: str) -> dict[str, list[dict[str, Any]]]:
@@ -319,78 +498,117 @@ class ConsoleController(Controller):
             who=who, done=Invalidated(kind="review", target=f"{'approve' if approved else 'reject'} {item.id}"),
             request={"asked": item.asked, "cached": item.cached, "similarity": item.similarity, "root": item.root,
                      "tenant": tenant, "category": category, "took_effect": took})
-        message = ("Approved: the next paraphrase is served this answer." if approved and took
-                   else "Rejected: this answer is not served there." if not approved
-                   else "Not applied: the entry is gone or full.")
-        return Redirect(path="/console/review", query_params={"message": message, "category": category,
-                                                               **({"tenant": tenant} if session.tenant is None else {})})
+        code = "approved" if approved and took else "rejected" if not approved else "not-applied"
+        detail = f"(“{_short(item.asked)}” and “{_short(item.cached)}”)"
+        return _done("/console/review", session, resources, code, detail, category=category,
+                     **({"tenant": tenant} if session.tenant is None else {}))
 
     @get("/curated")
     async def curated(self, request: Request[Any, Any, Any], resources: Resources, tenant: str | None = None) -> Template:
-        """Curated answers: every file's entries (the operator's tenant only)."""
-        session = _session(request, resources)
-        if tenant and not session.sees(tenant):
+        """Curated answers with their variants (the operator's tenant only)."""
+        session = await _session(request, resources)
+        if _elsewhere(session, tenant):
             return _forbidden(session, resources, "You cannot see another tenant's curated answers.")
         shown = _tenant_of(session, tenant)
         entries = await self._curated_entries(resources, shown)
+        every = entries if shown is None else await self._curated_entries(resources, session.tenant)
+        tenants = sorted({e["tenant"] for e in every})
+        default = "faq" if "faq" in _semantic_categories(resources) else ""
         return _page("curated.html", session, resources, entries=entries, tenant=shown or "",
-                     message=request.query_params.get("message", ""))
+                     message=_message(request, session, resources), default_category=default,
+                     tenant_counts=[(t, sum(e["tenant"] == t for e in every)) for t in tenants])
 
     @staticmethod
-    async def _curated_entries(resources: Resources, tenant: str | None) -> list[dict[str, str]]:
+    async def _curated_entries(resources: Resources, tenant: str | None) -> list[dict[str, Any]]:
         tag = resources.cache.known_version
-        found: list[dict[str, str]] = []
+        found: list[dict[str, Any]] = []
         if tag is None:
             return found
         for bucket in resources.cache.each:
             redis, keys = bucket.bucket.redis, bucket.bucket.keys
             async for set_key in redis.scan_iter(match=keys.faq_set_key(tag, "*"), count=500):
                 name = str(as_text(set_key)).rsplit(":", 1)[-1]
+                variants: dict[str, list[str]] = {}
+                entries: list[dict[str, Any]] = []
                 for member in sorted(str(as_text(m)) for m in await redis.smembers(set_key)):
                     question, answer, root, owner, category = await redis.hmget(
                         member, [FIELD_QUESTION, FIELD_ANSWER, FIELD_ROOT, FIELD_TENANT, FIELD_CATEGORY])
-                    if question is None or str(as_text(root)) != member:
-                        continue  # a variant, or gone
+                    if question is None:
+                        continue  # gone
+                    if str(as_text(root)) != member:
+                        variants.setdefault(str(as_text(root)), []).append(str(as_text(question)))
+                        continue
                     owner_text = str(as_text(owner))
                     if tenant is not None and owner_text != tenant:
                         continue
-                    found.append({"key": member, "file": name, "question": str(as_text(question)),
-                                  "answer": _answer_text(answer), "tenant": owner_text,
-                                  "category": str(as_text(category))})
-        return found
+                    entries.append({"key": member, "file": name, "question": str(as_text(question)),
+                                    "answer": _answer_text(answer), "tenant": owner_text,
+                                    "category": str(as_text(category))})
+                found.extend({**e, "variants": sorted(variants.get(e["key"], []))} for e in entries)
+        return sorted(found, key=lambda e: (e["tenant"], e["category"], e["question"]))
 
     @post("/curated/save")
     async def save_curated(self, request: Request[Any, Any, Any], resources: Resources) -> Response[Any]:
-        """Edit a curated answer (``key`` given) or add one; audited."""
+        """Edit a curated answer (``key`` given) or add one with its variants; either way the model's
+        answers to its question and variants are removed in both layers, so the next request gets
+        the curated text. Audited."""
         session, form = await _change(request, resources)
         answer = form.get("answer", "").strip()
         if not answer:
             return _page("error.html", session, resources, status=400, message="An answer must not be empty.")
         key = form.get("key", "")
         who = _who(session, request)
+        if _elsewhere(session, form.get("tenant", "").strip()):
+            return _forbidden(session, resources, "You cannot add curated answers for another tenant.")
         if key:
             entry = next((e for e in await self._curated_entries(resources, session.tenant) if e["key"] == key), None)
             if entry is None:
                 return _forbidden(session, resources, "No such curated answer of yours.")
             await self._rewrite_answer(resources, entry, answer)
-            done = Invalidated(kind="curated", target=f"edit {key}")
-            request_fields: dict[str, object] = {"question": entry["question"], "answer": answer}
+            item = FaqItem(category=entry["category"], question=entry["question"], answer=answer,
+                           tenant=entry["tenant"], variants=entry["variants"])
+            replaced = await self._remove_model_copies(resources, item)
+            done = Invalidated(kind="curated", target=f"edit {key}", deleted=replaced)
+            request_fields: dict[str, object] = {"question": entry["question"], "answer": answer,
+                                                 "tenant": entry["tenant"], "category": entry["category"]}
+            variants = entry["variants"]
         else:
             tenant = session.tenant or form.get("tenant", "").strip() or "default"
-            category, question = form.get("category", "faq"), form.get("question", "").strip()
+            category, question = form.get("category", "faq"), normalize_text(form.get("question", ""))
+            variants = list(dict.fromkeys(v for v in (normalize_text(line) for line in form.get("variants", "").splitlines())
+                                          if v and v != question))
             if category not in _semantic_categories(resources) or not question:
                 return _page("error.html", session, resources, status=400,
                              message="A curated answer needs a question and a category with a semantic layer.")
+            existing = [e for e in await self._curated_entries(resources, tenant) if e["category"] == category
+                        and (same_wording(question, e["question"]) or any(same_wording(question, v) for v in e["variants"]))]
+            if existing:
+                return _page("error.html", session, resources, status=409, message=(
+                    f"“{question}” is curated already in {category} for tenant {tenant} (file {existing[0]['file']}, "
+                    f"as “{existing[0]['question']}”): edit that answer instead."))
             name = "console-" + hashlib.sha256(f"{tenant}\x1f{category}\x1f{question}".encode()).hexdigest()[:16]
-            item = FaqItem(category=category, question=question, answer=answer, tenant=tenant)
-            await load_faq_in_buckets(resources.cache, [item], name, resources.policy)
-            done = Invalidated(kind="curated", target=f"add {name}")
-            request_fields = {"question": question, "answer": answer, "tenant": tenant, "category": category}
+            item = FaqItem(category=category, question=question, answer=answer, tenant=tenant, variants=variants)
+            loaded = await load_faq_in_buckets(resources.cache, [item], name, resources.policy)
+            replaced = loaded.replaced
+            done = Invalidated(kind="curated", target=f"add {name}", deleted=loaded.keys_removed)
+            request_fields = {"question": question, "variants": variants, "answer": answer, "tenant": tenant,
+                              "category": category}
         await resources.cache.invalidator.audit_log.record_event(who=who, done=done, request=request_fields)
-        return Redirect(path="/console/curated", query_params={"message": "Saved: the next request gets it."})
+        detail = (f"“{_short(item.question)}”{f' and {len(variants)} variants' if variants else ''}: "
+                  f"{replaced} cached model answer{'' if replaced == 1 else 's'} to the same words removed.")
+        return _done("/console/curated", session, resources, "curated-saved", detail)
 
     @staticmethod
-    async def _rewrite_answer(resources: Resources, entry: dict[str, str], answer: str) -> None:
+    async def _remove_model_copies(resources: Resources, item: FaqItem) -> int:
+        bucket = resources.cache.each[resources.cache.buckets.of(item.tenant, item.category)]
+        tag = resources.cache.known_version
+        if bucket.semantic is None or tag is None:
+            return 0
+        replaced, _ = await remove_model_copies(bucket.semantic, tag, [item])
+        return replaced
+
+    @staticmethod
+    async def _rewrite_answer(resources: Resources, entry: dict[str, Any], answer: str) -> None:
         """The new answer on the entry and on each of its variants (documents of its file)."""
         tag = resources.cache.known_version
         completion = curated_completion(answer, int(time.time()))
@@ -403,18 +621,19 @@ class ConsoleController(Controller):
 
     @get("/invalidate")
     async def invalidate_form(self, request: Request[Any, Any, Any], resources: Resources) -> Template:
-        session = _session(request, resources)
+        session = await _session(request, resources)
         return _page("invalidate.html", session, resources, confirm=None, done=None)
 
     @post("/invalidate")
     async def invalidate(self, request: Request[Any, Any, Any], resources: Resources) -> Template:
-        """Invalidate by category, tenant, user, entry or question: a confirmation first, then
-        the affected count; audited. An operator invalidates within its tenant only."""
+        """Invalidate by category, tenant, user, entry or question: a confirmation that names what
+        goes first, then the affected count; audited. An operator invalidates within its tenant
+        only, and its whole tenant only when it says so."""
         session, form = await _change(request, resources)
         fields = {k: form[k].strip() for k in ("category", "tenant", "user", "key", "question", "model")
                   if form.get(k, "").strip()}
         if session.tenant is not None:
-            if "tenant" in fields and fields["tenant"] != session.tenant:
+            if _elsewhere(session, fields.get("tenant")):
                 return _forbidden(session, resources, "You cannot invalidate another tenant's entries.")
             if "key" in fields:
                 try:
@@ -424,16 +643,19 @@ class ConsoleController(Controller):
                 if owner is None or str(as_text(owner)) != session.tenant:
                     return _forbidden(session, resources, "That entry is not your tenant's.")
             else:
+                if not fields and form.get("whole_tenant") != "yes":
+                    return _page("invalidate.html", session, resources, status=400, confirm=None, done=None, error=(
+                        "Name what to invalidate, or tick “all of tenant "
+                        f"{session.tenant}” to invalidate every entry of your tenant."))
                 fields["tenant"] = session.tenant
         try:
             what = msgspec.convert(fields, Invalidation)
             resources.cache.invalidator.check(what)
         except (msgspec.ValidationError, InvalidationError) as exc:
             return _page("invalidate.html", session, resources, status=400, confirm=None, done=None, error=str(exc))
-        if not fields and session.tenant is not None:
-            return _forbidden(session, resources, "Only the admin invalidates everything.")
         if form.get("confirmed") != "yes":
-            return _page("invalidate.html", session, resources, confirm=fields, done=None)
+            named = await self._question_of(resources, fields.get("key"))
+            return _page("invalidate.html", session, resources, confirm=fields, done=None, named=named)
         try:
             done = await resources.cache.invalidator.invalidate(what, who=_who(session, request))
         except NothingThere as exc:
@@ -444,17 +666,76 @@ class ConsoleController(Controller):
             resources.spawn(sweep_versions_after(resources), f"sweep-{done.version}")
         elif done.kind == "scope":
             resources.spawn(sweep_generations_after(resources), f"sweep-{done.target}")
-        return _page("invalidate.html", session, resources, confirm=None, done=msgspec.to_builtins(done))
+        return _page("invalidate.html", session, resources, confirm=None, done=msgspec.to_builtins(done),
+                     named=fields.get("question") or form.get("named", ""))
+
+    @staticmethod
+    async def _question_of(resources: Resources, key: str | None) -> str:
+        """The question an entry key answers, to name it in a confirmation (empty: unknown)."""
+        if not key:
+            return ""
+        try:
+            question = await resources.cache.invalidator.for_key(key).redis.hget(key, FIELD_QUESTION)
+        except CACHE_ERRORS:
+            return ""
+        return str(as_text(question) or "")
 
     @get("/audit")
-    async def audit(self, request: Request[Any, Any, Any], resources: Resources) -> Template:
-        """The audit log: invalidations, reviews and curated edits, newest first (an operator's own tenant's)."""
-        session = _session(request, resources)
-        rows = await resources.cache.invalidator.audit(200)
+    async def audit(self, request: Request[Any, Any, Any], resources: Resources, q: str = "", page: int = 1) -> Template:
+        """The audit log: invalidations, reviews, curated edits and sign-ins, newest first (an
+        operator's own tenant's), searchable, a page at a time."""
+        session = await _session(request, resources)
+        rows = await resources.cache.invalidator.audit(AUDIT_SHOWN)
         if session.tenant is not None:
             rows = [r for r in rows if f"({session.tenant})@" in r.get("who", "")
                     or f'"tenant":{msgspec.json.encode(session.tenant).decode()}' in r.get("request", "")]
-        return _page("audit.html", session, resources, rows=rows)
+        readable = [{**r, "details": _pretty(r.get("request", ""))} for r in rows]
+        listing = _paged(readable, page, q, lambda r: (r.get("who"), r.get("kind"), r.get("target"), r.get("details")),
+                         "/console/audit", {})
+        return _page("audit.html", session, resources, rows=listing)
+
+
+def _short(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _pretty(raw: str) -> str:
+    """An audit entry's request, indented (what it was when it is not JSON)."""
+    try:
+        return json.dumps(json.loads(raw), ensure_ascii=False, indent=2)
+    except ValueError:
+        return raw
+
+
+def chart(figures: LayerFigures, now_minute: int) -> dict[str, Any]:
+    """The overview's stacked bars of one card: the window from the first minute with requests
+    (at least the last 30) to now, bars as wide as the window allows, a y scale and time ticks."""
+    minutes = len(next(iter(figures.series.values()), []))
+    first = next((i for i in range(minutes) if any(s[i] for s in figures.series.values())), minutes - 1)
+    shown = max(30, minutes - first)
+    shown = min(minutes, int(math.ceil(shown / 10) * 10))
+    start = minutes - shown
+    width, height, left, bottom = 720, 120, 40, 20
+    step = width / shown
+    peak = max((sum(s[i] for s in figures.series.values()) for i in range(start, minutes)), default=0) or 1
+    bars = []
+    for offset, i in enumerate(range(start, minutes)):
+        y = float(height - bottom)
+        for layer in LAYERS:
+            count = figures.series.get(layer, [0] * minutes)[i]
+            if count:
+                h = count * (height - bottom - 10) / peak
+                y -= h
+                bars.append({"x": round(left + offset * step, 1), "y": round(y, 1), "w": round(max(step - 1, 1), 1),
+                             "h": round(h, 1), "layer": layer, "count": count,
+                             "minute": _utc((now_minute - (minutes - 1 - i)) * 60)[11:16]})
+    tick_every = next(t for t in (5, 10, 15, 30, 60) if shown / t <= 8)
+    ticks = [{"x": round(left + (offset + 0.5) * step, 1),
+              "label": _utc((now_minute - (minutes - 1 - (start + offset))) * 60)[11:16]}
+             for offset in range(shown) if (shown - 1 - offset) % tick_every == 0 and offset != shown - 1]
+    return {"width": left + width + 10, "height": height, "bars": bars, "ticks": ticks, "peak": peak,
+            "base": height - bottom, "top": 10, "left": left, "now_x": round(left + (shown - 0.5) * step, 1),
+            "minutes": shown}
 
 
 def _answer_text(stored: bytes | str | None) -> str:

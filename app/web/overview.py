@@ -14,8 +14,10 @@ import msgspec
 
 from app.cache.usage import KIND_MILLISECONDS, KIND_REQUESTS, LAYERS, parse_layer_field
 
-# Layers that answer without the model.
+# Layers that answer from the cache: their latency is the hit latency.
 HIT_LAYERS = ("exact", "semantic", "curated")
+# Layers that answer without a model call of their own: hits, and waits on an identical miss.
+SAVED_LAYERS = (*HIT_LAYERS, "coalesced")
 # Minutes per point of the learning curve: fine enough to see it climb, coarse enough to be a share.
 CURVE_SLOT_MINUTES = 10
 
@@ -37,7 +39,8 @@ class LayerFigures(msgspec.Struct, frozen=True, kw_only=True):
         totals: Requests per layer.
         series: Requests per layer and minute, oldest first.
         requests: All requests.
-        model_calls_saved: Requests a layer answered without the model.
+        model_calls_saved: Requests answered without a model call of their own (hits and coalesced waits).
+        hits: Requests answered from the cache (exact, semantic, curated).
         hit_share: ``model_calls_saved`` over the requests that could be answered (not bypass or error).
         hit_latency: Percentiles of the hits' latency.
         miss_latency: Percentiles of the misses' latency (the model's answers through Strata).
@@ -53,6 +56,7 @@ class LayerFigures(msgspec.Struct, frozen=True, kw_only=True):
     series: dict[str, list[int]]
     requests: int
     model_calls_saved: int
+    hits: int
     hit_share: float | None
     hit_latency: Percentiles
     miss_latency: Percentiles
@@ -118,21 +122,23 @@ def layer_figures(rows: Sequence[Mapping[str, int]], tenant: str | None = None) 
     for scope, per in sorted(counts.items()):
         owner, category = scope
         totals = {layer: sum(series) for layer, series in per.items()}
-        saved = sum(totals.get(layer, 0) for layer in HIT_LAYERS)
+        saved = sum(totals.get(layer, 0) for layer in SAVED_LAYERS)
+        hits = sum(totals.get(layer, 0) for layer in HIT_LAYERS)
         answerable = saved + totals.get("miss", 0)
         summed = milliseconds.get(scope, {})
         hit_ms = sum(summed.get(layer, 0) for layer in HIT_LAYERS)
         miss_total, miss_count = miss_ms[category]
         seconds_saved = None
-        if miss_count and saved:
-            seconds_saved = max(0.0, saved * (miss_total / miss_count) - hit_ms) / 1000
+        # Coalesced waits took about as long as the model: they save its work, not the asker's time.
+        if miss_count and hits:
+            seconds_saved = max(0.0, hits * (miss_total / miss_count) - hit_ms) / 1000
         hit_buckets: dict[str, int] = {}
         for layer in HIT_LAYERS:
             for bucket, n in histograms.get(scope, {}).get(layer, {}).items():
                 hit_buckets[bucket] = hit_buckets.get(bucket, 0) + n
         figures.append(LayerFigures(
             tenant=owner, category=category, totals=totals, series=per, requests=sum(totals.values()),
-            model_calls_saved=saved, hit_share=saved / answerable if answerable else None,
+            model_calls_saved=saved, hits=hits, hit_share=saved / answerable if answerable else None,
             hit_latency=percentiles(hit_buckets),
             miss_latency=percentiles(histograms.get(scope, {}).get("miss", {})),
             seconds_saved=seconds_saved, curve=_curve(per, minutes)))

@@ -1,9 +1,12 @@
 """Console sessions: who signed in, in a signed cookie; a CSRF token per session.
 
 The cookie holds who (``admin`` or an operator key's id), the tenant an operator sees (none for
-the admin), an expiry and a random session id, signed with HMAC-SHA256 under a key derived from
-the secret every worker shares (the response-id secret kept in Redis, app/cache/receipts.py), so
-any worker opens any session and nothing is stored per session. It is ``HttpOnly``,
+the admin), an expiry, a random session id and, for the admin, a fingerprint of the admin token it
+signed in with, signed with HMAC-SHA256 under a key derived from the secret every worker shares
+(the response-id secret kept in Redis, app/cache/receipts.py), so any worker opens any session.
+A signature alone does not keep a session alive: app/web/guard.py checks at every request that it
+was not signed out, that the operator's key still exists with operator rights, and that the admin
+token is still the one it signed in with. It is ``HttpOnly``,
 ``SameSite=Strict`` and ``Secure`` (browsers keep Secure cookies on http://localhost too). Every
 change carries the session's CSRF token (an HMAC of the session id), checked in constant time.
 """
@@ -31,13 +34,22 @@ class ConsoleSession(msgspec.Struct, frozen=True, kw_only=True):
         who: ``admin``, or ``operator:<key id>``.
         tenant: The one tenant an operator sees and changes; ``None``: every tenant (the admin).
         expires: Unix time the session ends.
-        sid: Random id: what the CSRF token is bound to.
+        sid: Random id: what the CSRF token and a sign-out are bound to.
+        key_id: The operator key's id; ``None`` for the admin.
+        token_mark: For the admin: a keyed fingerprint of the admin token signed in with, so that
+            rotating the token ends the session; empty for an operator.
     """
 
     who: str
     tenant: str | None
     expires: int
     sid: str
+    key_id: str | None = None
+    token_mark: str = ""
+
+    @property
+    def is_admin(self) -> bool:
+        return self.tenant is None
 
     def sees(self, tenant: str) -> bool:
         """Whether this session may see and change a tenant's cache."""
@@ -60,10 +72,11 @@ class SessionSigner:
     def _mac(self, data: bytes) -> str:
         return base64.urlsafe_b64encode(hmac.new(self._key, data, hashlib.sha256).digest()).decode().rstrip("=")
 
-    def new(self, who: str, tenant: str | None, now: float | None = None) -> tuple[ConsoleSession, str]:
+    def new(self, who: str, tenant: str | None, now: float | None = None, *, key_id: str | None = None,
+            token_mark: str = "") -> tuple[ConsoleSession, str]:
         """A fresh session and its cookie value."""
         session = ConsoleSession(who=who, tenant=tenant, expires=int((now or time.time()) + SESSION_TTL_S),
-                                 sid=secrets.token_urlsafe(16))
+                                 sid=secrets.token_urlsafe(16), key_id=key_id, token_mark=token_mark)
         body = base64.urlsafe_b64encode(msgspec.json.encode(session)).decode().rstrip("=")
         return session, f"{body}.{self._mac(body.encode())}"
 
@@ -79,6 +92,14 @@ class SessionSigner:
         except (ValueError, msgspec.DecodeError):
             return None
         return session if session.expires > (now or time.time()) else None
+
+    def token_mark(self, token: str) -> str:
+        """A keyed fingerprint of the admin token: equal for the same token, telling nothing of it."""
+        return self._mac(b"admin-token|" + token.encode())[:22]
+
+    def sign(self, text: str) -> str:
+        """A MAC of a text the console itself wrote (a confirmation's details in a redirect)."""
+        return self._mac(b"detail|" + text.encode())[:22]
 
     def csrf_token(self, session: ConsoleSession) -> str:
         return self._mac(_CSRF_DOMAIN + session.sid.encode())

@@ -7,9 +7,14 @@ docs/CONSOLE.md shows."""
 
 from __future__ import annotations
 
+import http.server
 import os
 import re
 import shutil
+import stat
+import subprocess
+import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +25,7 @@ import redis
 
 from app.auth import add_key
 from tests.integration.test_learning import forget_question, sem_doc
-from tests.support import ADMIN_TOKEN, FakeUpstream, ask, eventually, serve_strata, strata_settings
+from tests.support import ADMIN_TOKEN, MODEL, FakeUpstream, ask, eventually, serve_strata, strata_settings
 
 playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is a test dependency (make test-deps)")
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -75,6 +80,9 @@ def signed_in(browser: Any, base: str, token: str) -> Any:
 
 
 def shot(page: Any, name: str) -> None:
+    """A full-page screenshot, after checking that the page fits its 1,280 px viewport's width."""
+    width = page.evaluate("document.documentElement.scrollWidth")
+    assert width <= page.viewport_size["width"], f"{name}: the page is {width} px wide"
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
@@ -206,7 +214,8 @@ def test_a_tenants_operator_sees_its_tenant_only_and_changes_need_the_csrf_token
     assert page.locator(".review-item").count() == 0  # default's item is not in acme's queue
     # Its overview counts acme's requests only, whatever the URL asks for.
     assert ask(strata, "如何查询余额", key=keys["acme"], headers=CONSOLE).headers["x-cache"] == "miss"
-    page.goto(strata + "/console?tenant=default")
+    assert page.goto(strata + "/console?tenant=default").status == 403
+    page.goto(strata + "/console")
     acme_card = page.locator('.layer-card[data-tenant="acme"]')
     assert eventually(lambda: (page.reload(), acme_card.count())[1], timeout=30)
     assert page.locator('.layer-card:not([data-tenant="acme"])').count() == 0
@@ -233,3 +242,253 @@ def test_a_tenants_operator_sees_its_tenant_only_and_changes_need_the_csrf_token
     fresh.fill("#token", keys["acme"])
     fresh.click("#sign-in")
     assert "does not sign in" in fresh.locator("#error").inner_text()
+
+
+# --- Issue #44: a console a support lead can open after `make up` and trust.
+
+def session_cookie(page: Any) -> dict[str, Any]:
+    return next(c for c in page.context.cookies() if c["name"] == "strata_console")
+
+
+def replayed(browser: Any, base: str, cookie: dict[str, Any], path: str = "/console/served") -> Any:
+    """A fresh browser that presents only ``cookie``; returns the page after loading ``path``."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context.add_cookies([cookie])
+    page = context.new_page()
+    page.goto(base + path)
+    return page
+
+
+def test_make_ups_first_run_writes_an_admin_token_the_console_signs_in_with_and_rotating_it_ends_the_session(
+        redis_url: str, fake_upstream: FakeUpstream, use_encoder: Any, browser: Any,
+        tmp_path: Path) -> None:
+    # What `make up` runs before it starts Strata with STRATA_ADMIN_TOKEN_FILE.
+    up = subprocess.run(["make", "-n", "up"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert "admin-token ensure" in up and "STRATA_ADMIN_TOKEN_FILE=" in up
+    token_file = tmp_path / "strata" / "admin-token"
+    made = subprocess.run([sys.executable, "-m", "app.cli", "admin-token", "ensure", "--file", str(token_file)],
+                          cwd=ROOT, capture_output=True, text=True, env=_without_admin_token())
+    assert made.returncode == 0 and str(token_file) in made.stdout, made
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+    token = token_file.read_text().strip()
+    settings = strata_settings(redis_url, fake_upstream.url, semantic_enabled=True, admin_token=None,
+                               admin_token_file=str(token_file))
+    with serve_strata(settings, use_encoder) as server:
+        page = signed_in(browser, server.url, token)
+        assert "every tenant" in page.locator("header").inner_text()
+        # Rotated (a new file): the session signed in with the old token is over at its next request.
+        rotated = subprocess.run([sys.executable, "-m", "app.cli", "admin-token", "rotate", "--file", str(token_file)],
+                                 cwd=ROOT, capture_output=True, text=True, env=_without_admin_token())
+        assert rotated.returncode == 0 and token_file.read_text().strip() != token
+        assert eventually(lambda: page.goto(server.url + "/console/served") and page.url.endswith("/console/login"))
+        signed_in(browser, server.url, token_file.read_text().strip())
+
+
+def _without_admin_token() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in ("STRATA_ADMIN_TOKEN", "STRATA_ADMIN_TOKEN_FILE")}
+
+
+def test_with_no_token_configured_the_sign_in_page_says_the_console_is_off_and_how_to_turn_it_on(
+        redis_url: str, fake_upstream: FakeUpstream, use_encoder: Any, browser: Any) -> None:
+    settings = strata_settings(redis_url, fake_upstream.url, semantic_enabled=True, admin_token=None)
+    with serve_strata(settings, use_encoder) as server:
+        page = browser.new_context().new_page()
+        page.goto(server.url + "/console/login")
+        off = page.locator("#console-off").inner_text()
+        assert "console is off" in off and "make up" in off and "STRATA_ADMIN_TOKEN_FILE" in off
+
+
+def test_signing_out_ends_the_session_so_its_cookie_replayed_is_refused(
+        strata: str, browser: Any) -> None:
+    page = signed_in(browser, strata, ADMIN_TOKEN)
+    cookie = session_cookie(page)
+    assert replayed(browser, strata, cookie).url.endswith("/console/served")  # the cookie alone signs in
+    page.click("#sign-out")
+    page.wait_for_url(strata + "/console/login")
+    again = replayed(browser, strata, cookie)
+    assert again.url.endswith("/console/login"), again.url
+    # A change with the old session and its CSRF token is refused too.
+    csrf = page.context.request  # the signed-out browser has no session: its change goes to sign-in
+    refused = csrf.post(strata + "/console/invalidate", form={"category": "console"}, max_redirects=0)
+    assert refused.status in (302, 303, 307)
+
+
+def test_a_removed_operator_keys_session_is_refused_at_its_next_request(
+        strata: str, browser: Any, keys: dict[str, str]) -> None:
+    key, record = add_key(Path(keys["file"]), "acme", operator=True)
+    page = signed_in(browser, strata, key)
+    page.goto(strata + "/console/invalidate")
+    csrf = page.locator("input[name=csrf]").first.input_value()
+    removed = subprocess.run([sys.executable, "-m", "app.cli", "keys", "--file", keys["file"], "revoke", record.id],
+                             cwd=ROOT, capture_output=True, text=True)
+    assert removed.returncode == 0, removed
+    assert eventually(lambda: page.goto(strata + "/console/served") and page.url.endswith("/console/login"))
+    # Its open session saves nothing: the change goes to the sign-in form.
+    change = page.context.request.post(strata + "/console/invalidate", max_redirects=0,
+                                       form={"csrf": csrf, "category": "console", "confirmed": "yes"})
+    assert change.status in (302, 303, 307) and change.headers["location"].endswith("/console/login")
+
+
+class _Framer(http.server.BaseHTTPRequestHandler):
+    target = ""
+
+    def do_GET(self) -> None:
+        body = f'<!doctype html><title>framer</title><iframe id="f" src="{self.target}"></iframe>'.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_a_page_of_another_origin_cannot_frame_the_signed_in_console(strata: str, browser: Any) -> None:
+    page = signed_in(browser, strata, ADMIN_TOKEN)
+    handler = type("Framer", (_Framer,), {"target": strata + "/console/invalidate"})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        refusals: list[str] = []
+        page.on("console", lambda message: refusals.append(message.text))
+        page.goto(f"http://127.0.0.1:{server.server_address[1]}/", wait_until="load")
+        frame = page.frame_locator("#f")
+        # Same site (another port of the host), so the Strict cookie goes with the frame's request:
+        # only the browser's refusal to render it keeps the console out of the frame.
+        assert eventually(lambda: any("frame" in text.lower() for text in refusals)), refusals
+        assert frame.locator("#invalidate").count() == 0 and frame.locator("header").count() == 0
+    finally:
+        server.shutdown()
+    response = page.goto(strata + "/console/login")
+    headers = response.headers
+    assert "frame-ancestors 'none'" in headers["content-security-policy"]
+    assert "script-src 'none'" in headers["content-security-policy"]
+    assert headers["x-frame-options"] == "DENY" and headers["x-content-type-options"] == "nosniff"
+    assert headers["referrer-policy"] == "no-referrer" and headers["cache-control"] == "no-store"
+
+
+def test_a_message_in_the_url_is_never_shown_as_the_consoles_word(strata: str, browser: Any) -> None:
+    page = signed_in(browser, strata, ADMIN_TOKEN)
+    page.goto(strata + "/console/served?message=Session+expired%2C+sign+in+at+http%3A%2F%2Fevil.example")
+    assert page.locator("#message").count() == 0 and "evil.example" not in page.content()
+    page.goto(strata + "/console/curated?message=curated-saved&detail=sign+in+at+evil.example&sig=forged")
+    assert page.locator("#message").inner_text() == "Saved: the next request gets it."
+    assert "evil.example" not in page.locator("main").inner_text()
+
+
+def test_sign_in_attempts_are_limited_with_retry_after_and_audited(
+        strata: str, browser: Any, redis_sync: redis.Redis) -> None:
+    page = browser.new_context().new_page()
+    try:
+        statuses = []
+        for attempt in range(11):
+            page.goto(strata + "/console/login")
+            page.fill("#token", f"guess-{attempt}")
+            with page.expect_navigation() as navigation:
+                page.click("#sign-in")
+            statuses.append(navigation.value.status)
+        assert statuses == [401] * 10 + [429], statuses
+        assert int(navigation.value.headers["retry-after"]) > 0
+        assert "Too many failed sign-ins" in page.locator("#error").inner_text()
+        # Even the right token waits out the window from this address.
+        page.fill("#token", ADMIN_TOKEN)
+        with page.expect_navigation() as navigation:
+            page.click("#sign-in")
+        assert navigation.value.status == 429
+        audited = [fields for _, fields in redis_sync.xrevrange("strata:meta:audit", count=50)
+                   if fields.get(b"kind") == b"sign-in"]
+        assert sum(f[b"target"] == b"refused" for f in audited) >= 9 and any(f[b"target"] == b"locked" for f in audited)
+        assert all(b"guess" not in value for f in audited for value in f.values())  # no token in the audit
+    finally:
+        for key in redis_sync.scan_iter(match="strata:console:signin:*"):
+            redis_sync.delete(key)
+
+
+def test_a_curated_answer_wins_over_the_models_cached_answers_in_both_layers(
+        strata: str, fake_upstream: FakeUpstream, browser: Any, keys: dict[str, str], redis_sync: redis.Redis) -> None:
+    # The model's answers to the question and to a later variant, cached in both layers.
+    assert ask(strata, "怎么开发票", key=keys["default"], headers=CONSOLE).headers["x-cache"] == "miss"
+    assert ask(strata, "发票怎么开", key=keys["default"], headers=CONSOLE).headers["x-cache"] == "miss"
+    model = ask(strata, "怎么开发票", key=keys["default"], headers=CONSOLE)
+    assert model.headers["x-cache"] == "exact-hit" and model.headers["x-cache-source"] == "model"
+    sem_doc(redis_sync, "怎么开发票")  # and its semantic copy
+    page = signed_in(browser, strata, ADMIN_TOKEN)
+    page.goto(strata + "/console/curated")
+    form = page.locator("#add-curated")
+    form.locator("select[name=category]").select_option("console")
+    form.locator("input[name=question]").fill("怎么开发票")
+    form.locator("textarea[name=variants]").fill("发票怎么开\n开发票的流程")
+    form.locator("textarea[name=answer]").fill("在订单页点“申请发票”。")
+    form.locator("button").click()
+    message = page.locator("#message").inner_text()
+    removed = re.search(r"(\d+) cached model answers? to the same words removed", message)
+    assert "Saved" in message and "怎么开发票" in message and removed and int(removed[1]) >= 1, message
+    for question in ("怎么开发票", "发票怎么开", "开发票的流程"):
+        served = ask(strata, question, key=keys["default"], headers=CONSOLE)
+        assert served.headers["x-cache-source"] == "faq", (question, served.headers)
+        assert served.json()["choices"][0]["message"]["content"] == "在订单页点“申请发票”。"
+    entry = page.locator(".curated-entry", has=page.locator(".question", has_text="怎么开发票"))
+    assert sorted(entry.locator(".variant").all_inner_texts()) == ["发票怎么开", "开发票的流程"]
+    # No model copy is left in either layer.
+    for key in redis_sync.scan_iter(match="strata:v1:*"):
+        if redis_sync.type(key) == b"hash" and redis_sync.hget(key, "question") in ("怎么开发票".encode(), "发票怎么开".encode()):
+            assert redis_sync.hget(key, "source") == b"faq", key
+    # The same question again is refused with a word, not added twice.
+    page.goto(strata + "/console/curated")
+    form.locator("select[name=category]").select_option("console")
+    form.locator("input[name=question]").fill("发票怎么开？")
+    form.locator("textarea[name=answer]").fill("another")
+    with page.expect_navigation() as navigation:
+        form.locator("button").click()
+    assert navigation.value.status == 409 and "curated already" in page.locator("#refused").inner_text()
+    shot(page, "curated-duplicate")
+
+
+def test_faq_load_removes_the_models_answer_to_the_same_words(
+        strata: str, fake_upstream: FakeUpstream, redis_url: str, tmp_path: Path, keys: dict[str, str]) -> None:
+    assert ask(strata, "how do i return an order?", key=keys["default"], headers=CONSOLE).headers["x-cache"] == "miss"
+    faq = tmp_path / "returns.yaml"
+    faq.write_text("- {category: console, question: 'How do I return an order?', answer: 'Use the Returns page.'}\n")
+    env = {**os.environ, "STRATA_REDIS_URL": redis_url, "STRATA_POLICY_FILE": "tests/fixtures/policy.yaml"}
+    loaded = subprocess.run([sys.executable, "-m", "app.cli", "faq", "load", str(faq)], cwd=ROOT, env=env,
+                            capture_output=True, text=True)
+    assert loaded.returncode == 0 and "1 model answers to the same questions removed" in loaded.stdout, loaded
+    served = ask(strata, "how do i return an order?", key=keys["default"], headers=CONSOLE)
+    assert served.headers["x-cache-source"] == "faq", served.headers
+    assert served.json()["choices"][0]["message"]["content"] == "Use the Returns page."
+
+
+def test_invalidating_a_question_removes_its_exact_and_semantic_copies(
+        strata: str, browser: Any, keys: dict[str, str], redis_sync: redis.Redis) -> None:
+    assert ask(strata, "如何注销账户", key=keys["default"], headers=CONSOLE).headers["x-cache"] == "miss"
+    sem_doc(redis_sync, "如何注销账户")
+    page = signed_in(browser, strata, ADMIN_TOKEN)
+    page.goto(strata + "/console/invalidate")
+    page.locator("#invalidate input[name=category]").fill("console")
+    page.locator("#invalidate input[name=tenant]").fill("default")
+    page.locator("#invalidate input[name=question]").fill("如何注销账户")
+    page.locator("#invalidate input[name=model]").fill(MODEL)
+    page.click("#invalidate-submit")
+    page.click("#confirm-invalidate")
+    done = page.locator("#done").inner_text()
+    assert "如何注销账户" in done and "2 entries deleted" in done, done
+    with pytest.raises(AssertionError):
+        sem_doc(redis_sync, "如何注销账户")
+
+
+def test_an_operator_naming_another_tenant_is_refused_and_its_empty_invalidate_form_does_nothing(
+        strata: str, browser: Any, keys: dict[str, str]) -> None:
+    page = signed_in(browser, strata, keys["acme_operator"])
+    for url in ("/console?tenant=globex", "/console/served?tenant=globex", "/console/review?tenant=globex",
+                "/console/curated?tenant=globex"):
+        assert page.goto(strata + url).status == 403, url
+    page.goto(strata + "/console/invalidate")
+    with page.expect_navigation() as navigation:
+        page.click("#invalidate-submit")
+    assert navigation.value.status == 400 and "all of tenant acme" in page.locator("#error").inner_text()
+    csrf = page.locator("input[name=csrf]").first.input_value()
+    other = page.context.request.post(strata + "/console/curated/save", form={
+        "csrf": csrf, "tenant": "globex", "category": "console", "question": "q", "answer": "a"})
+    assert other.status == 403

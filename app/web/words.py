@@ -1,0 +1,70 @@
+"""Plain words for what the cache decided and what a console change did; the codes stay in the
+metrics, headers and a tooltip, where operators who read ``X-Cache-Verdict`` look for them."""
+
+from __future__ import annotations
+
+from app.cache.judge import JUDGE_ACCEPTED, JUDGE_FAILED, JUDGE_REJECTED
+from app.cache.semantic import QUESTION_TOO_LONG
+from app.cache.verify import (
+    ABOVE_BAND,
+    BELOW_THRESHOLD,
+    CURATED_WORDING,
+    ENTITIES_DIFFER,
+    ENTRY_RECORD,
+    NEGATION_DIFFERS,
+    NUMBERS_DIFFER,
+    OPPOSITE_OPERATIONS,
+    ORDER_DIFFERS,
+    OUTSIDE_BOUND,
+    READER_ACCEPTED,
+    READER_REJECTED,
+    RECORD_UNPROVEN,
+    VALUES_DIFFER,
+    VERIFIED,
+    VERIFIER_REJECTED,
+    WITHIN_BOUND,
+    WRONG_BEFORE,
+)
+
+VERDICT_WORDS = {
+    BELOW_THRESHOLD: "not similar enough",
+    NUMBERS_DIFFER: "the questions name different numbers",
+    VALUES_DIFFER: "the questions name different values (ids, dates, amounts)",
+    ORDER_DIFFERS: "the same words in another order (who does what to whom)",
+    NEGATION_DIFFERS: "one question is negated, the other not",
+    OPPOSITE_OPERATIONS: "opposite actions (open / close, add / remove)",
+    ENTITIES_DIFFER: "the questions name different things",
+    ABOVE_BAND: "similar enough to serve without a check",
+    VERIFIED: "the verifier said they are the same question",
+    VERIFIER_REJECTED: "the verifier said they differ",
+    WITHIN_BOUND: "measured right often enough at this similarity",
+    OUTSIDE_BOUND: "not yet measured right often enough at this similarity",
+    WRONG_BEFORE: "marked wrong before at this similarity",
+    ENTRY_RECORD: "this cached answer was confirmed for questions this close",
+    RECORD_UNPROVEN: "this answer's record vouches, but such records are not yet proven",
+    READER_ACCEPTED: "a reader judged them the same question",
+    READER_REJECTED: "a reader judged them different questions",
+    CURATED_WORDING: "a curated answer's own question or variant",
+    JUDGE_ACCEPTED: "the judge model said they are the same question",
+    JUDGE_REJECTED: "the judge model said they differ",
+    JUDGE_FAILED: "the judge model did not answer",
+    QUESTION_TOO_LONG: "the question is too long to compare",
+}
+
+
+def verdict_words(code: str) -> str:
+    """A verdict in plain words (the code itself when none are known)."""
+    return VERDICT_WORDS.get(code, code.replace("_", " "))
+
+
+# What a console change did, by the code its redirect carries: the page shows these words and
+# never a text taken from the URL (details the console wrote itself are signed, app/web/console.py).
+MESSAGES = {
+    "marked-wrong": "Marked wrong: it is not served there again.",
+    "not-recorded": "Not recorded.",
+    "approved": "Approved: the next paraphrase is served this answer.",
+    "rejected": "Rejected: this answer is not served there.",
+    "not-applied": "Not applied: the entry is gone or full.",
+    "curated-saved": "Saved: the next request gets it.",
+    "signed-out": "Signed out.",
+}
