@@ -183,7 +183,7 @@ def _paged(rows: Sequence[Any], page: int, query: str, text: Callable[[Any], Ite
 
 
 def _forbidden(session: ConsoleSession, resources: Resources, message: str) -> Template:
-    return _page("error.html", session, resources, status=403, message=message)
+    return _page("error.html", session, resources, status=403, refusal=message)
 
 
 def _semantic_categories(resources: Resources) -> list[str]:
@@ -387,7 +387,7 @@ class ConsoleController(Controller):
             return _forbidden(session, resources, "No such hit of yours.")
         feedback = resources.cache.feedback
         if feedback is None:
-            return _page("error.html", session, resources, status=503, message="The cache is not reachable.")
+            return _page("error.html", session, resources, status=503, refusal="The cache is not reachable.")
         try:
             await feedback.give(FeedbackRequest(id=response_id, verdict="wrong"), tenant=hit.tenant, user=None,
                                 who=_who(session, request))
@@ -482,7 +482,7 @@ class ConsoleController(Controller):
         tenant, category, identifier = form.get("tenant", ""), form.get("category", ""), form.get("id", "")
         approved = form.get("verdict") == "approve"
         if not ITEM_ID.match(identifier) or form.get("verdict") not in ("approve", "reject"):
-            return _page("error.html", session, resources, status=400, message="Not a review verdict.")
+            return _page("error.html", session, resources, status=400, refusal="Not a review verdict.")
         if not session.sees(tenant) or category not in resources.policy.categories:
             return _forbidden(session, resources, "You cannot settle another tenant's queue.")
         tag = resources.cache.known_version
@@ -555,7 +555,7 @@ class ConsoleController(Controller):
         session, form = await _change(request, resources)
         answer = form.get("answer", "").strip()
         if not answer:
-            return _page("error.html", session, resources, status=400, message="An answer must not be empty.")
+            return _page("error.html", session, resources, status=400, refusal="An answer must not be empty.")
         key = form.get("key", "")
         who = _who(session, request)
         if _elsewhere(session, form.get("tenant", "").strip()):
@@ -579,11 +579,11 @@ class ConsoleController(Controller):
                                           if v and v != question))
             if category not in _semantic_categories(resources) or not question:
                 return _page("error.html", session, resources, status=400,
-                             message="A curated answer needs a question and a category with a semantic layer.")
+                             refusal="A curated answer needs a question and a category with a semantic layer.")
             existing = [e for e in await self._curated_entries(resources, tenant) if e["category"] == category
                         and (same_wording(question, e["question"]) or any(same_wording(question, v) for v in e["variants"]))]
             if existing:
-                return _page("error.html", session, resources, status=409, message=(
+                return _page("error.html", session, resources, status=409, refusal=(
                     f"“{question}” is curated already in {category} for tenant {tenant} (file {existing[0]['file']}, "
                     f"as “{existing[0]['question']}”): edit that answer instead."))
             name = "console-" + hashlib.sha256(f"{tenant}\x1f{category}\x1f{question}".encode()).hexdigest()[:16]

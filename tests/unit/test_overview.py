@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from app.cache.usage import KIND_MILLISECONDS, KIND_REQUESTS, latency_bucket, layer_field, parse_layer_field
+from app.cache.usage import (
+    KIND_MILLISECONDS,
+    KIND_REQUESTS,
+    UsageCounts,
+    latency_bucket,
+    layer_field,
+    parse_layer_field,
+)
+from app.web.console import chart
 from app.web.overview import CURVE_SLOT_MINUTES, layer_figures, percentiles
 
 
@@ -62,3 +70,32 @@ def test_the_learning_curve_climbs_with_the_semantic_share_per_slot() -> None:
     [figures] = layer_figures(rows)
     assert figures.curve == [0.0, 0.5, 0.75]
     assert figures.series["semantic"][2 * CURVE_SLOT_MINUTES + 5] == 3
+
+
+def test_a_coalesced_wait_saves_a_model_call_but_is_no_hit_in_latency_or_time_saved() -> None:
+    rows = [minute_row([("miss", "faq", "t", 4000.0), ("coalesced", "faq", "t", 3900.0), ("exact", "faq", "t", 2.0)])]
+    [figures] = layer_figures(rows)
+    assert figures.totals["coalesced"] == 1 and figures.model_calls_saved == 2 and figures.hits == 1
+    # The wait's 3.9 s is neither a hit's latency nor time saved (issue #44: a card showed "hit p50 13 s").
+    assert figures.hit_latency.p99_ms == 2 and figures.seconds_saved == (4000 - 2) / 1000
+
+
+def test_usage_counts_a_coalesced_request_in_its_own_layer() -> None:
+    counts = UsageCounts()
+    counts.add("faq", "exact-hit", 60.0, tenant="t", seconds=3.9, coalesced=True)
+    counts.add("faq", "exact-hit", 60.0, tenant="t", seconds=0.002)
+    layers = {field for (_, field) in counts._layers}
+    assert layer_field(KIND_REQUESTS, "coalesced", "faq", "t") in layers
+    assert layer_field(KIND_REQUESTS, "exact", "faq", "t") in layers
+
+
+def test_the_chart_spans_from_the_first_busy_minute_with_a_scale_time_ticks_and_now() -> None:
+    minutes = 120
+    rows = [{} for _ in range(minutes - 3)] + [minute_row([("exact", "faq", "t", 1.0)] * n) for n in (2, 5, 1)]
+    [figures] = layer_figures(rows)
+    drawn = chart(figures, now_minute=29_000_000)
+    assert drawn["minutes"] == 30 and drawn["peak"] == 5 and len(drawn["bars"]) == 3
+    # The busiest minute's bar reaches the top line; the bars sit at the right, beside "now".
+    tallest = max(drawn["bars"], key=lambda b: b["h"])
+    assert tallest["y"] == drawn["top"] and drawn["bars"][-1]["x"] < drawn["now_x"] <= drawn["width"]
+    assert 3 <= len(drawn["ticks"]) <= 8 and all(":" in t["label"] for t in drawn["ticks"])
