@@ -16,10 +16,10 @@ from app.api.health import HealthController
 from app.api.openai_surface import OpenAISurfaceController
 from app.api.openapi import OpenAPIController
 from app.api.protocols import MessagesController, ResponsesController
+from app.cache.readers.base import Reader
 from app.embed import Encoder
 from app.errors import EXCEPTION_HANDLERS
 from app.lifespan import Resources, build_resources, lifespan
-from app.readers.base import Reader
 from app.settings import Settings
 from app.web.console import ConsoleController, console_exception_handlers, template_config
 

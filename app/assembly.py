@@ -20,30 +20,31 @@ import msgspec
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
-from app.cache.base import CacheLayer
-from app.cache.buckets import Bucket, Buckets, open_buckets
-from app.cache.embeddings import CachedEmbeddings, EmbeddingsCache
-from app.cache.exact import ExactCache
-from app.cache.feedback import Feedback, FeedbackTarget, ServedQuestions, Verdicts
-from app.cache.invalidation import AuditLog, CacheInvalidator, Invalidator
-from app.cache.judge import AnswerJudge
+from app.cache.decision.verify import CandidateCheck, PairVerifier, load_verifier
 from app.cache.layered import LayeredCache, RequestCache
-from app.cache.learning import AnswerLearner, ObservationWriter
-from app.cache.receipts import ResponseIds, parse_secrets
-from app.cache.recent import RecentHits
-from app.cache.review import ReviewQueue
+from app.cache.learning.feedback import Feedback, FeedbackTarget, Verdicts
+from app.cache.learning.learner import AnswerLearner
+from app.cache.learning.observations import ObservationWriter
+from app.cache.learning.receipts import ResponseIds, parse_secrets
+from app.cache.learning.review import ReviewQueue
+from app.cache.readers.base import Reader, Unanimous
+from app.cache.readers.embedder import EmbedderReader, vector_source
+from app.cache.readers.judge import LLMJudge
+from app.cache.readers.queue import ReadQueue
 from app.cache.routed import RoutedCache, RoutedInvalidator
-from app.cache.semantic import SemanticCache, adopt_embedder, index_dims
-from app.cache.verify import CandidateCheck, PairVerifier, load_verifier
-from app.cache.version import ScopeGenerations, VersionTag
+from app.cache.semantic import SemanticCache
+from app.cache.storage.buckets import Bucket, Buckets, open_buckets
+from app.cache.storage.contract import CacheLayer
+from app.cache.storage.embeddings import CachedEmbeddings, EmbeddingsCache
+from app.cache.storage.exact import ExactCache
+from app.cache.storage.index import adopt_embedder, index_dims
+from app.cache.storage.invalidation import AuditLog, CacheInvalidator, Invalidator
+from app.cache.storage.recent import RecentHits
+from app.cache.storage.version import ScopeGenerations, VersionTag
 from app.embed import BatchingEmbedder, Encoder, load_encoder
 from app.metrics import Metrics
 from app.pipeline import ChatPipeline
 from app.policy import Policy
-from app.readers.base import Reader, Unanimous
-from app.readers.embedder import EmbedderReader, vector_source
-from app.readers.llm import LLMJudge
-from app.readers.queue import ReadQueue
 from app.relay import Relay
 from app.settings import SemanticSettings, Settings
 from app.singleflight import SingleFlight
@@ -72,7 +73,7 @@ class SemanticParts:
     embedder: BatchingEmbedder
     verifier: PairVerifier
     check: CandidateCheck
-    judge: AnswerJudge | None = None
+    judge: LLMJudge | None = None
     reader: Reader | None = None
     reads: ReadQueue | None = None
 
@@ -145,7 +146,7 @@ def configured_reader(options: SemanticSettings) -> Reader | None:
                                options.judge_api_key, options.reader_embedder_model)
         readers.append(EmbedderReader(source, options.reader_threshold))
     if options.judge_url:
-        readers.append(LLMJudge(options.judge_url, options.judge_model, options.judge_timeout_s, options.judge_api_key))
+        readers.append(LLMJudge.on_endpoint(options.judge_url, options.judge_model, options.judge_timeout_s, options.judge_api_key))
     if len(readers) > 1:
         return Unanimous(readers)
     return readers[0] if readers else None
@@ -173,7 +174,7 @@ def semantic_parts(settings: Settings, encoder: Encoder, metrics: Metrics, upstr
         max_batch_chars=options.embed_max_batch_chars, max_pending=options.embed_max_pending, on_batch=count_batch,
     )
     verifier = load_verifier(settings)
-    judge = AnswerJudge(upstream, options.judge_timeout_s, options.judge_model) if upstream is not None else None
+    judge = LLMJudge.on_upstream(upstream, options.judge_timeout_s, options.judge_model) if upstream is not None else None
     if reader is None:
         reader = configured_reader(options)
     reads = None
@@ -224,10 +225,9 @@ def assemble(settings: Settings, policy: Policy, buckets: Buckets, metrics: Metr
             learner = AnswerLearner(redis, parts.embedder, parts.verifier.analyzer, judge=parts.judge,
                                     documents_of=semantic.documents_of, keys=keys, reads=parts.reads,
                                     review=review)
-        served = ServedQuestions(redis, keys)
         cache = LayeredCache(versions, layers, metrics, lookup_timeout_s=settings.lookup_timeout_s,
                              judge_timeout_s=options.judge_timeout_s, learner=learner,
-                             max_learning=options.learning_max_pending, generations=generations, served=served)
+                             max_learning=options.learning_max_pending, generations=generations)
         invalidator = CacheInvalidator(redis, versions, generations, policy, semantic, audit=audit)
         each.append(BucketCache(bucket, versions, generations, cache, semantic, invalidator, review, learner))
     routed: RequestCache

@@ -33,18 +33,18 @@ from app.replay.streams import CLINC_DOMAINS
 from app.settings import DEFAULT_ADMIN_TOKEN_FILE, DEFAULT_KEYS_FILE, PROJECT_ROOT, Settings
 
 if TYPE_CHECKING:  # the CLI imports numpy and the models only when a command needs them
-    from app.cache.base import Verdict
-    from app.cache.verify import PairVerifier
+    from app.cache.decision.verify import PairVerifier
+    from app.cache.storage.contract import Verdict
     from app.calibrate.pairs import Pair
     from app.embed import Encoder
-    from app.policy import Policy, SemanticPolicy
+    from app.policy import AdaptiveSemantic, FixedSemantic, Policy, SemanticPolicy
     from app.replay.run import Report
 
 DEFAULT_DATA = PROJECT_ROOT.parent / "shared" / "data"
 
 
 def _context(settings: Settings) -> tuple[Policy, Encoder, PairVerifier]:
-    from app.cache.verify import load_verifier
+    from app.cache.decision.verify import load_verifier
     from app.embed import load_encoder
     from app.policy import Policy
 
@@ -59,8 +59,8 @@ async def _judge(pairs: Sequence[Pair], verdicts: list[Verdict], policy: Semanti
     service builds (app/lifespan.py)."""
     import msgspec
 
-    from app.cache.judge import AnswerJudge
-    from app.cache.verify import CandidateCheck, load_verifier
+    from app.cache.decision.verify import CandidateCheck, load_verifier
+    from app.cache.readers.judge import LLMJudge
     from app.calibrate.evaluate import judge_all
     from app.upstream import Upstream
 
@@ -71,7 +71,7 @@ async def _judge(pairs: Sequence[Pair], verdicts: list[Verdict], policy: Semanti
         if not model:  # the service asks the model a request names; here, the first one served
             model = msgspec.json.decode(await upstream.models())["data"][0]["id"]
         check = CandidateCheck(load_verifier(settings),
-                               confirm=AnswerJudge(upstream, options.judge_timeout_s, options.judge_model))
+                               confirm=LLMJudge.on_upstream(upstream, options.judge_timeout_s, options.judge_model))
         # `model` stands in for the model a request would name.
         return await judge_all(pairs, verdicts, check, policy, model)
     finally:
@@ -116,11 +116,13 @@ def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
     result, reasons = evaluate(pairs, verdicts)
     elapsed = time.perf_counter() - started
     print(f"pairs file: {args.pairs}")
-    print(f"category: {category.name} (threshold {rules.threshold}, accept_above {rules.accept_above}, "
-          f"min_probability {rules.min_probability}, judge {rules.judge}); embedder: {encoder.name}")
+    fixed = (f", min_probability {rules.min_probability}, judge {rules.judge}"
+             if isinstance(rules, FixedSemantic) else f", error_bound {rules.error_bound}")
+    print(f"category: {category.name} (threshold {rules.threshold}, accept_above {rules.accept_above}{fixed}); "
+          f"embedder: {encoder.name}")
     if judge_line:
         print(judge_line)
-    if rules.adaptive:
+    if isinstance(rules, AdaptiveSemantic):
         print(f"adaptive category (error bound {rules.error_bound}): pairs show its cold start, the guards and "
               f"accept_above {rules.accept_above}; what it learns from traffic shows in `strata replay`")
     print("decisions by reason: " + ", ".join(f"{k}={v}" for k, v in sorted(reasons.items())))
@@ -175,7 +177,7 @@ def cmd_fit(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_train(args: argparse.Namespace, settings: Settings) -> int:
     import msgspec
 
-    from app.cache.verify import load_verifier
+    from app.cache.decision.verify import load_verifier
     from app.calibrate.evaluate import similarities
     from app.calibrate.pairs import read_pairs, split_pairs, write_pairs
     from app.calibrate.qqp import qqp_hard
@@ -355,7 +357,7 @@ async def reads_settled(client: Any) -> None:
 
 def cmd_faq_load(args: argparse.Namespace, settings: Settings) -> int:
 
-    from app.cache.keys import FAQ_SET_NAME
+    from app.cache.storage.keys import FAQ_SET_NAME
     from app.faq import FaqFileError, read_faq
     from app.policy import Policy
 

@@ -25,9 +25,9 @@ from redis.asyncio import Redis
 from redisvl.query import VectorRangeQuery
 from redisvl.query.filter import Tag
 
-from app.cache.adaptive import same_wording, score_bin
-from app.cache.entry import CacheEntry
-from app.cache.keys import (
+from app.cache.decision.candidates import same_wording
+from app.cache.storage.entry import CacheEntry
+from app.cache.storage.keys import (
     FIELD_ALIASES,
     FIELD_CATEGORY,
     FIELD_EMBEDDING,
@@ -36,12 +36,10 @@ from app.cache.keys import (
     FIELD_SOURCE,
     FIELD_TENANT,
     KEYS,
-    OBS_CURATED,
     SOURCE_FAQ,
     Keyspace,
     faq_scope_digest,
     normalize_text,
-    observation_field,
 )
 from app.calibrate.pairs import read_utf8
 from app.embed import Embedder
@@ -167,12 +165,6 @@ async def load_faq(redis: Redis, embedder: Embedder, tag: str, items: list[FaqIt
                 position += 1
                 documents.append((keys.faq_key(tag, _digest(name, item.tenant, item.category, question, text)),
                                   msgspec.structs.replace(entry, question=text, embedding=_bytes(vector))))
-                # The operator says the variant has the entry's answer: a positive observation, kept
-                # on the entry as `curated:<bin>`. It vouches for nothing: all-positive pairs chosen
-                # by hand say nothing of the questions that land near the entry in traffic. Counted
-                # in the pool they let the category serve anything at their scores; counted as the
-                # entry's confirmations they raised wrong hits from 0.70% to 1.47% (docs/QUALITY.md).
-                pipe.hincrby(key, observation_field(OBS_CURATED, score_bin(float(vector @ question_vector))), 1)
             for doc_key, document in documents:
                 pipe.hset(doc_key, mapping=document.to_hash())
                 pipe.expire(doc_key, document.ttl_seconds)

@@ -23,20 +23,20 @@ from app.assembly import (
     semantic_parts,
 )
 from app.auth import AdminToken, TenantResolver
-from app.cache.base import CACHE_ERRORS, SharedRedis
-from app.cache.buckets import Buckets, ClusterUnavailable, open_buckets
-from app.cache.invalidation import sweep_stale_generations
-from app.cache.receipts import ResponseIds
-from app.cache.recent import RecentHits
-from app.cache.usage import UsageCounts
-from app.cache.version import sweep_stale_versions
+from app.cache.learning.receipts import ResponseIds
+from app.cache.readers.base import Reader
+from app.cache.storage.buckets import Buckets, ClusterUnavailable, open_buckets
+from app.cache.storage.contract import CACHE_ERRORS, SharedRedis
+from app.cache.storage.invalidation import sweep_stale_generations
+from app.cache.storage.recent import RecentHits
+from app.cache.storage.usage import UsageCounts
+from app.cache.storage.version import sweep_stale_versions
 from app.embed import Encoder, load_encoder
 from app.hygiene import PromptHygiene
 from app.limits import TenantRateLimiter
 from app.metrics import Metrics
 from app.pipeline import ChatPipeline
 from app.policy import Policy
-from app.readers.base import Reader
 from app.settings import Settings
 from app.upstream import Upstream
 

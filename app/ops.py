@@ -39,8 +39,8 @@ def _operator() -> str:
 def cmd_invalidate(args: argparse.Namespace, settings: Settings) -> int:
     from redis.exceptions import RedisError
 
-    from app.cache.invalidation import Invalidation, InvalidationError, NothingThere, sweep_stale_generations
-    from app.cache.version import sweep_stale_versions
+    from app.cache.storage.invalidation import Invalidation, InvalidationError, NothingThere, sweep_stale_generations
+    from app.cache.storage.version import sweep_stale_versions
 
     what = Invalidation(category=args.category, tenant=args.tenant, key=args.key, question=args.question,
                         model=args.model, system=args.system, faq=args.faq, user=args.user)
@@ -116,14 +116,8 @@ async def collect_stats(buckets: list[tuple[Any, Any, str]], shared: Any, top: i
         shared: The Redis of the usage counts.
         top: Most-hit questions listed.
     """
-    from app.cache.keys import (
-        FIELD_CATEGORY,
-        FIELD_HITS,
-        FIELD_QUESTION,
-        FIELD_ROOT,
-        FIELD_TENANT,
-    )
-    from app.cache.usage import last_hour
+    from app.cache.storage.keys import FIELD_CATEGORY, FIELD_HITS, FIELD_QUESTION, FIELD_ROOT, FIELD_TENANT
+    from app.cache.storage.usage import last_hour
 
     groups: dict[tuple[str, str], dict[str, int]] = {}
     hits: list[tuple[int, str, str, str]] = []
@@ -205,7 +199,7 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
 async def describe_entry(redis: Any, semantic: Any, key: str) -> dict[str, Any]:
     """An entry as an operator wants to read it: fields (no vector), its answer's text, TTL,
     what it learnt (observations, confirmations, wrong_above) and its aliases."""
-    from app.cache.keys import FIELD_ANSWER, FIELD_EMBEDDING, FIELD_QUESTION, FIELD_ROOT
+    from app.cache.storage.keys import FIELD_ANSWER, FIELD_EMBEDDING, FIELD_QUESTION, FIELD_ROOT
 
     raw = await redis.hgetall(key)
     if not raw:
@@ -226,7 +220,7 @@ async def describe_entry(redis: Any, semantic: Any, key: str) -> dict[str, Any]:
 
     root = text.get(FIELD_ROOT)
     if semantic is not None and ":sem:" in key and root:
-        from app.cache.invalidation import ENTRY_KEY
+        from app.cache.storage.invalidation import ENTRY_KEY
 
         match = ENTRY_KEY.match(key)
         assert match is not None  # checked by the caller
@@ -243,7 +237,7 @@ async def describe_entry(redis: Any, semantic: Any, key: str) -> dict[str, Any]:
 def cmd_inspect(args: argparse.Namespace, settings: Settings) -> int:
     from redis.exceptions import RedisError
 
-    from app.cache.invalidation import ENTRY_KEY, Invalidation, InvalidationError, NothingThere
+    from app.cache.storage.invalidation import ENTRY_KEY, Invalidation, InvalidationError, NothingThere
 
     if (args.key is None) == (args.question is None):
         return fail("name an entry: a KEY or --question (with --model)")

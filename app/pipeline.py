@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import time
 
-from app.cache.base import CacheHit
-from app.cache.keys import canonicalize
 from app.cache.layered import CacheMode, CachePlan, RequestCache
-from app.cache.receipts import ResponseIds
-from app.cache.recent import RecentHits
+from app.cache.learning.receipts import ResponseIds
+from app.cache.storage.contract import CacheHit
+from app.cache.storage.keys import canonicalize
+from app.cache.storage.recent import RecentHits
 from app.chat import ChatCall, ChatResult, Outcome
 from app.errors import StrataError
 from app.metrics import Metrics
@@ -90,7 +90,6 @@ class ChatPipeline:
                                tenant=call.tenant)
             if self._recent is not None:
                 self._recent.add(plan.query, hit, response_id)
-            self._cache.remember(plan, hit)  # a served question, where its category explores repeats
             return result
         exchange = Exchange(body={}, stream=request.stream, plan=plan, started=started, category=call.category.name,
                             tenant=call.tenant, outcome=Outcome.MISS if plan.reads else Outcome.BYPASS)

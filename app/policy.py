@@ -14,21 +14,51 @@ CATEGORY_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 Similarity = Annotated[float, Meta(ge=-1.0, le=1.0)]
 
 
-class SemanticPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """When the semantic layer may serve a cached answer; all values are cosine similarity."""
+class _Semantic(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag_field="kind"):
+    """What both kinds of semantic policy share; all similarities are cosine similarity."""
 
     enabled: bool = True
     threshold: Similarity = 0.90
     accept_above: Similarity = 0.99
+    # Answers that call tools (``tool_calls``) are served only by their exact key unless this is
+    # true: a cached action executed for another question does harm. The guards still apply.
+    tool_calls: bool = False
+
+    def __post_init__(self) -> None:
+        if self.accept_above < self.threshold:
+            raise ValueError("semantic.accept_above must be >= semantic.threshold")
+
+
+class FixedSemantic(_Semantic, frozen=True, kw_only=True, forbid_unknown_fields=True, tag="fixed"):
+    """A fixed-threshold category (no ``error_bound``): a candidate at ``threshold`` or above that
+    passes the guards is served from ``accept_above`` on, and between the two only if the learned
+    verifier gives it ``min_probability`` (and, with ``judge: true``, the LLM judge says yes)."""
+
     min_probability: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.9
-    # The LLM judge (app/cache/judge.py): true asks it to confirm what the verifier accepted in the
-    # band before serving; "async" (adaptive categories) asks it, after the response has gone out,
-    # whether a candidate that was a miss had the right answer, instead of comparing the answers.
-    judge: bool | Literal["async"] = False
-    # Adaptive categories (app/cache/learning.py): with an error bound, `threshold` is only the
-    # floor of the band, and a candidate is served when the observations say that hits at its
-    # score are wrong less often than `error_bound`, with `confidence`.
-    error_bound: Annotated[float, Meta(gt=0.0, lt=1.0)] | None = None
+    # The LLM judge (app/cache/readers/judge.py) confirms what the verifier accepted in the band.
+    judge: bool = False
+
+    @property
+    def adaptive(self) -> bool:
+        return False
+
+    @property
+    def judge_before_serving(self) -> bool:
+        return self.judge
+
+    @property
+    def judge_after_miss(self) -> bool:
+        return False
+
+
+class AdaptiveSemantic(_Semantic, frozen=True, kw_only=True, forbid_unknown_fields=True, tag="adaptive"):
+    """An adaptive category (it has ``error_bound``): semantic hits learnt from its own traffic
+    under that bound (docs/SEMANTIC.md). ``threshold`` is only the floor of the band where
+    candidates are considered; ``accept_above`` is where the prior starts (the guards alone
+    suffice until the tenant's pool refutes it)."""
+
+    # The largest share of wrong semantic hits allowed, at one-sided ``confidence``.
+    error_bound: Annotated[float, Meta(gt=0.0, lt=1.0)]
     confidence: Annotated[float, Meta(ge=0.5, lt=1.0)] = 0.85
     # Share of would-be hits sent upstream anyway, to measure the served hits' error honestly.
     explore: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.0
@@ -37,62 +67,76 @@ class SemanticPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     answer_threshold: Similarity = 0.92
     answer_overlap: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.7
     max_aliases: Annotated[int, Meta(ge=0, le=10_000)] = 64
-    # An entry's own record (adaptive categories): below what the pooled observations allow, a
-    # candidate is still served when its entry's answer was confirmed this many times at a score
-    # no higher than the candidate's, no other answer is within `entry_margin` of it, its score
-    # is at least `entry_floor`, and the entry was never wrong near this similarity. 0 turns it off.
+    # An entry's own record: below what the pooled observations allow, a candidate is still
+    # served when its entry's answer was confirmed this many times at a score no higher than the
+    # candidate's, no other answer is within `entry_margin` of it, its score is at least
+    # `entry_floor`, and the entry was never wrong near this similarity. 0 turns it off.
     entry_confirmations: Annotated[int, Meta(ge=0, le=1_000)] = 0
     entry_floor: Annotated[float, Meta(ge=0.0, le=1.5)] = 0.75
     entry_margin: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.06
-    # Share of the entry record's would-be hits sent upstream anyway (instead of `explore`): they
-    # are the riskier ones, and a wrong one found this way vetoes the entry there, so a question
-    # served wrongly is not served wrongly on all its repeats. Costs reach (docs/QUALITY.md).
-    entry_explore: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.0
-    # The entry record vouches only at scores where the tenant's pool has measured it: among the
-    # candidates it vouched for at that score or above (each sent upstream until then, then
-    # explored at `entry_explore`), the Wilson upper bound of the wrong share is at most the
-    # bound. A domain whose records are not safe at 0.75 never learns to trust them there.
-    entry_evidence: bool = False
-    # A reader of the grey zone (app/readers: STRATA_JUDGE_URL, `--judge` in a simulated replay):
-    # "serve" asks it, with a deadline, about a candidate the pool and the record refused, and
-    # serves on its yes where its yes was measured wrong less often than the bound; elsewhere
-    # (and with "measure") it is asked after the response, off the request path, and its verdict
-    # is counted against the model's answer. "off": never asked.
+    # A reader of the grey zone (app/cache/readers: STRATA_JUDGE_URL, `--judge` in a simulated
+    # replay): "serve" asks it, with a deadline, about a candidate the pool and the record refused,
+    # and serves on its yes where its yes was measured wrong less often than the bound; elsewhere
+    # (and with "measure") it is asked after the response and its verdict counted against the
+    # model's answer. "off": never asked.
     reader: Literal["off", "measure", "serve"] = "off"
-    # Share of would-be hits of a question already served semantically once (asked again) sent
-    # upstream anyway: a wrong answer served to it is found on a repeat instead of repeated
-    # silently, and the explored repeat's fresh answer is stored exactly, so it costs at most
-    # about one model call per repeated question.
-    repeat_explore: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.0
-    # The prior (from `accept_above`) serves only what is safe for any domain (the same content
-    # words) until the tenant's pool holds at least 1 / error_bound observations at the
-    # candidate's score or above: fewer cannot tell a wrong share of error_bound from none.
+    # The prior serves only what is safe for any domain (the same content words) until the
+    # tenant's pool holds at least 1 / error_bound observations at the candidate's score or above.
     prior_evidence: bool = False
-    # Guards an entry may outgrow (adaptive categories): a guard (numbers, negation, entities
-    # differ) stops turning candidates of an entry down once that many answered misses it turned
-    # down had the entry's answer and none had another. 0: guards always hold.
-    guard_lift: Annotated[int, Meta(ge=0, le=1_000)] = 0
-    # Answers that call tools (``tool_calls``) are served only by their exact key unless this is
-    # true: a cached action executed for another question does harm. The guards still apply.
-    tool_calls: bool = False
-
-    def __post_init__(self) -> None:
-        if self.accept_above < self.threshold:
-            raise ValueError("semantic.accept_above must be >= semantic.threshold")
-        if self.judge == "async" and self.error_bound is None:
-            raise ValueError("semantic.judge: async needs an adaptive category (semantic.error_bound)")
+    # "async": the LLM judge, asked after a miss, says whether the candidate had the right answer,
+    # instead of comparing the two answers.
+    judge: Literal["off", "async"] = "off"
 
     @property
     def adaptive(self) -> bool:
-        return self.error_bound is not None
+        return True
 
     @property
     def judge_before_serving(self) -> bool:
-        return self.judge is True
+        return False
 
     @property
     def judge_after_miss(self) -> bool:
         return self.judge == "async"
+
+
+SemanticPolicy = FixedSemantic | AdaptiveSemantic
+FIXED_KNOBS = frozenset(FixedSemantic.__struct_fields__)
+ADAPTIVE_KNOBS = frozenset(AdaptiveSemantic.__struct_fields__)
+
+
+def semantic_policy(raw: object, where: str) -> SemanticPolicy:
+    """A category's ``semantic`` mapping as its kind's policy: adaptive when it has ``error_bound``
+    (or says ``kind: adaptive``), else fixed. A knob of the other kind, or of neither, is refused.
+
+    Raises:
+        ValueError: Naming ``where`` (the file and category) and the knob.
+    """
+    if raw is None:
+        return FixedSemantic()
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: semantic must be a mapping")
+    kind = raw.get("kind") or ("adaptive" if "error_bound" in raw else "fixed")
+    if kind not in ("fixed", "adaptive"):
+        raise ValueError(f"{where}: semantic.kind must be fixed or adaptive, not {kind!r}")
+    own, other = (ADAPTIVE_KNOBS, FIXED_KNOBS) if kind == "adaptive" else (FIXED_KNOBS, ADAPTIVE_KNOBS)
+    kind_words = "an adaptive category (it has error_bound)" if kind == "adaptive" else \
+        "a fixed category (it has no error_bound)"
+    for knob in raw:
+        if knob == "kind" or knob in own:
+            continue
+        if knob in other:
+            raise ValueError(f"{where}: semantic.{knob} does not apply to {kind_words}")
+        raise ValueError(f"{where}: semantic.{knob} is not a setting of {kind_words}")
+    if kind == "adaptive" and raw.get("judge") is True:
+        raise ValueError(f"{where}: semantic.judge: true does not apply to an adaptive category (use async)")
+    if kind == "adaptive" and raw.get("judge") is False:
+        raw = {**raw, "judge": "off"}
+    try:
+        policy: SemanticPolicy = msgspec.convert({**raw, "kind": kind}, SemanticPolicy)
+    except (msgspec.ValidationError, ValueError) as exc:
+        raise ValueError(f"{where}: {exc}") from exc
+    return policy
 
 
 # Whose an answer is: ``tenant`` (shared by the tenant's users) or ``user`` (one user's own: the
@@ -110,7 +154,7 @@ class CategoryPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     # Cache answers cut by the client's own max_tokens (finish_reason "length") in the exact layer:
     # the key holds that limit, so it is the answer the same request gets. Never semantically.
     cache_truncated: bool = True
-    semantic: SemanticPolicy = SemanticPolicy()
+    semantic: SemanticPolicy = FixedSemantic()
 
     @property
     def per_user(self) -> bool:
@@ -191,7 +235,14 @@ class Policy(msgspec.Struct, frozen=True, kw_only=True):
             ValueError: The file is missing, malformed or inconsistent.
         """
         try:
-            parsed = msgspec.convert(_read_raw(path.resolve()), _PolicyFile)
+            raw = _read_raw(path.resolve())
+            categories = raw.get("categories")
+            if isinstance(categories, dict):
+                for name, category in categories.items():
+                    if isinstance(category, dict) and "semantic" in category:
+                        semantic = semantic_policy(category["semantic"], f"category {name!r}")
+                        category["semantic"] = msgspec.to_builtins(semantic)
+            parsed = msgspec.convert(raw, _PolicyFile)
         except (OSError, yaml.YAMLError, msgspec.ValidationError, ValueError) as exc:
             raise ValueError(f"policy file {path}: {exc}") from exc
         for name in parsed.categories:

@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 
-from app.cache.base import CACHE_ERRORS, SharedRedis
+from app.cache.storage.contract import CACHE_ERRORS, SharedRedis
 from app.errors import StrataError
 from app.metrics import Metrics
 

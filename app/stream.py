@@ -8,7 +8,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
-from app.cache.base import CacheHit
+from app.cache.storage.contract import CacheHit
 from app.chat import ChatResult, Outcome
 from app.metrics import Metrics
 from app.wire import (

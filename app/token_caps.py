@@ -16,8 +16,8 @@ from __future__ import annotations
 import math
 import time
 
-from app.cache.base import CACHE_ERRORS, SharedRedis
-from app.cache.keys import as_text, token_stats_key
+from app.cache.storage.contract import CACHE_ERRORS, SharedRedis
+from app.cache.storage.keys import as_text, token_stats_key
 from app.metrics import Metrics
 from app.settings import LimitSettings
 

@@ -28,9 +28,9 @@ import msgspec
 import numpy as np
 from redis.asyncio import Redis
 
-from app.cache.keys import normalize_text
-from app.cache.learning import AnswerLearner
-from app.cache.verify import load_verifier
+from app.cache.decision.verify import load_verifier
+from app.cache.learning.learner import AnswerLearner
+from app.cache.storage.keys import normalize_text
 from app.embed import BatchingEmbedder, load_encoder
 from app.policy import Policy
 from app.settings import Settings

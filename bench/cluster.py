@@ -117,7 +117,7 @@ def memory_at_scale(url: str, documents: int, dims: int) -> tuple[float, float]:
     import yaml
     from redisvl.index import SearchIndex
 
-    from app.cache.keys import Keyspace
+    from app.cache.storage.keys import Keyspace
 
     keys = Keyspace("bench-memory")
     schema = yaml.safe_load((ROOT / "schemas" / "semantic_index.yaml").read_text(encoding="utf-8"))

@@ -4,8 +4,7 @@ questions share a label (so would have been right to serve, in the stream's own 
     python -m bench.guard_effect --stream .run/replay/clinc3000.jsonl [--category faq]
 
 Runs `strata replay run --simulate` in process and counts every time a guard fires on a
-candidate (``CandidateCheck.guard``; with ``semantic.guard_lift`` an entry may then have outgrown
-it), with a few same-label examples per guard. A guard rejecting
+candidate (``CandidateCheck.guard``), with a few same-label examples per guard. A guard rejecting
 same-label pairs is not necessarily wrong: the simulated upstream answers by label and ignores
 the numbers a question names, a real one may not.
 """
@@ -17,7 +16,7 @@ import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from app.cache.verify import CandidateCheck
+from app.cache.decision.verify import CandidateCheck
 from app.replay.simulate import run_simulated
 from app.replay.streams import read_stream
 from app.settings import Settings

@@ -1,5 +1,5 @@
 """The LLM judge on pairs of one stream (issue #33): 25 pairs of one intent and 25 of two of the
-stream's intents, read by app/readers/llm.py against an OpenAI-compatible endpoint.
+stream's intents, read by app/cache/readers/judge.py against an OpenAI-compatible endpoint.
 
     make judge-up
     python -m bench.judge_pairs [--stream .run/replay/bank3000-s0.jsonl] [--url http://127.0.0.1:8002/v1]
@@ -15,8 +15,8 @@ import random
 import statistics
 import time
 
-from app.readers.base import ReadPair
-from app.readers.llm import LLMJudge
+from app.cache.readers.base import ReadPair
+from app.cache.readers.judge import LLMJudge
 
 PAIRS = 25
 
@@ -41,7 +41,7 @@ def pairs(stream: str, seed: int = 0) -> tuple[list[tuple[str, str]], list[tuple
 
 
 async def judge(url: str, same: list[tuple[str, str]], other: list[tuple[str, str]]) -> None:
-    reader = LLMJudge(url, timeout_s=30)
+    reader = LLMJudge.on_endpoint(url, timeout_s=30)
     latencies: list[float] = []
     for kind, batch in (("same-intent", same), ("other-intent", other)):
         verdicts = []

@@ -23,9 +23,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from app.cache import adaptive
-from app.cache.keys import normalize_text
-from app.readers.oracle import OracleReader
+from app.cache.decision import rules
+from app.cache.readers.oracle import OracleReader
+from app.cache.storage.keys import normalize_text
 from app.replay.simulate import run_simulated
 from app.replay.streams import read_stream
 from app.settings import Settings
@@ -55,12 +55,12 @@ def main() -> None:
     stream = list(read_stream(args.stream))
     exact_share, semantic_ceiling = hindsight(stream)
     oracle = OracleReader({normalize_text(r.text): r.label for r in stream})
-    measured = adaptive.reader_trusted
-    adaptive.reader_trusted = lambda counts, bin_, policy: True  # the one change: no measuring first
+    measured = rules.reader_trusted
+    rules.reader_trusted = lambda counts, bin_, policy: True  # the one change: no measuring first
     try:
         report = run_simulated(stream, settings=Settings.from_env(), category=args.category, reader=oracle)
     finally:
-        adaptive.reader_trusted = measured
+        rules.reader_trusted = measured
     total = len(report.outcomes)
     semantic, wrong = report.count("semantic-hit"), report.wrong("semantic-hit")
     reader = report.semantic_by_verdict().get("reader_accepted", (0, 0))

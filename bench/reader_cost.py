@@ -20,8 +20,8 @@ import random
 import time
 from pathlib import Path
 
-from app.readers.base import ReadPair
-from app.readers.embedder import EmbedderReader, LocalModelVectors
+from app.cache.readers.base import ReadPair
+from app.cache.readers.embedder import EmbedderReader, LocalModelVectors
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 

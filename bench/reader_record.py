@@ -20,9 +20,9 @@ from typing import Any
 import msgspec
 
 from app.assembly import configured_reader
-from app.cache.keys import normalize_text
-from app.readers.base import ReadPair
-from app.readers.embedder import EmbedderReader
+from app.cache.readers.base import ReadPair
+from app.cache.readers.embedder import EmbedderReader
+from app.cache.storage.keys import normalize_text
 from app.replay.simulate import run_simulated
 from app.replay.streams import read_stream
 from app.settings import Settings

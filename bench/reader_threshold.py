@@ -18,11 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
+from app.cache.readers.embedder import EmbedderReader, LocalModelVectors
 from app.calibrate.evaluate import similarities
 from app.calibrate.pairs import Pair, read_pairs
 from app.calibrate.qqp import qqp_hard
 from app.embed import UniversalSentenceEncoderOnnx
-from app.readers.embedder import EmbedderReader, LocalModelVectors
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 GREY_ZONE = (0.70, 0.95)  # USE's scores where the adaptive decision refuses most candidates

@@ -32,10 +32,12 @@ from typing import Any
 
 import msgspec
 
-import app.cache.adaptive as adaptive
-from app.cache.keys import FIELD_QUESTION, as_text, normalize_text
-from app.cache.verify import OUTSIDE_BOUND
-from app.policy import Policy, SemanticPolicy
+import app.cache.decision.adaptive as adaptive
+import app.cache.decision.rules as rules
+import app.cache.decision.stats as stats
+from app.cache.decision.verify import OUTSIDE_BOUND
+from app.cache.storage.keys import FIELD_QUESTION, as_text, normalize_text
+from app.policy import AdaptiveSemantic, Policy, SemanticPolicy
 from app.replay.simulate import run_simulated
 from app.replay.streams import read_stream
 from app.settings import Settings
@@ -61,7 +63,7 @@ def bucket(verdict: Logged, policy: SemanticPolicy) -> str:
         return f"refused {verdict.reason}"
     if verdict.score < policy.entry_floor:
         return f"refused: score below entry_floor {policy.entry_floor}"
-    if (verdict.score - verdict.similarity) / adaptive.MARGIN_WEIGHT < policy.entry_margin:
+    if (verdict.score - verdict.similarity) / stats.MARGIN_WEIGHT < policy.entry_margin:
         return f"refused: another answer within entry_margin {policy.entry_margin}"
     confirmations = verdict.confirmations or 0
     if confirmations < policy.entry_confirmations:
@@ -69,9 +71,9 @@ def bucket(verdict: Logged, policy: SemanticPolicy) -> str:
         band = f"0-{few - 1}" if confirmations < few else f"{few}-{policy.entry_confirmations - 1}"
         return f"refused: {band} confirmations below the score"
     wrong_above = verdict.wrong_above if verdict.wrong_above is not None else -1
-    if adaptive.milli(verdict.similarity) <= wrong_above:
+    if stats.milli(verdict.similarity) <= wrong_above:
         return "refused: entry wrong at this similarity or above"
-    return f"refused: entry wrong within {adaptive.ENTRY_WRONG_GAP} below"
+    return f"refused: entry wrong within {stats.ENTRY_WRONG_GAP} below"
 
 
 def record(stream: Sequence[Any], settings: Settings, category: str) -> list[Logged]:
@@ -79,32 +81,33 @@ def record(stream: Sequence[Any], settings: Settings, category: str) -> list[Log
     label_of = {normalize_text(request.text): request.label for request in stream}
     logged: list[Logged] = []
     read: dict[str, int] = {}
-    decide_verdict = adaptive.AdaptiveDecision._verdict
-    vouches = adaptive.entry_vouches
+    decide_rule = adaptive.AdaptiveDecision._rule
+    vouches = rules.entry_vouches
 
-    def reading_vouches(values: Sequence[bytes | str | None], similarity: float, policy: SemanticPolicy) -> bool:
+    def reading_vouches(values: Sequence[bytes | str | None], similarity: float, policy: AdaptiveSemantic) -> bool:
         read["confirmations"] = sum(int(value or 0) for value in values[1:])
         read["wrong_above"] = int(values[0] or -1)
         return vouches(values, similarity, policy)
 
-    async def logging_verdict(self: adaptive.AdaptiveDecision, query: Any, question: str, row: Any, root: str,
-                              bin_: int, score: float) -> Any:
+    async def logging_rule(self: adaptive.AdaptiveDecision, facts: rules.Facts) -> rules.Ruling:
         read.clear()
-        verdict = await decide_verdict(self, query, question, row, root, bin_, score)
-        cached = as_text(row.fields[FIELD_QUESTION]) or ""
+        ruling = await decide_rule(self, facts)
+        if ruling.next_row:
+            return ruling  # a guard: not a verdict on a candidate the guards let through
+        cached = as_text(facts.row.fields[FIELD_QUESTION]) or ""
         logged.append(Logged(
-            right=label_of.get(normalize_text(question)) == label_of.get(normalize_text(cached)),
-            served=verdict.accepted, reason=verdict.reason, similarity=row.similarity, score=score,
-            confirmations=read.get("confirmations"), wrong_above=read.get("wrong_above")))
-        return verdict
+            right=label_of.get(normalize_text(facts.question)) == label_of.get(normalize_text(cached)),
+            served=ruling.verdict.accepted, reason=ruling.verdict.reason, similarity=facts.similarity,
+            score=facts.score, confirmations=read.get("confirmations"), wrong_above=read.get("wrong_above")))
+        return ruling
 
-    adaptive.entry_vouches = reading_vouches
-    adaptive.AdaptiveDecision._verdict = logging_verdict  # type: ignore[method-assign]
+    rules.entry_vouches = reading_vouches
+    adaptive.AdaptiveDecision._rule = logging_rule  # type: ignore[method-assign]
     try:
         run_simulated(list(stream), settings=settings, category=category)
     finally:
-        adaptive.entry_vouches = vouches
-        adaptive.AdaptiveDecision._verdict = decide_verdict  # type: ignore[method-assign]
+        rules.entry_vouches = vouches
+        adaptive.AdaptiveDecision._rule = decide_rule  # type: ignore[method-assign]
     return logged
 
 

@@ -257,7 +257,7 @@ def curated_intents(path: str | None, source: Path) -> dict[str, str]:
 
     import yaml
 
-    from app.cache.keys import normalize_text
+    from app.cache.storage.keys import normalize_text
 
     with source.open(encoding="utf-8-sig", newline="") as handle:
         intents = {normalize_text(row["text"]): row["intent"] for row in csv.DictReader(handle)}

@@ -161,7 +161,7 @@ def seed_evidence(redis_url: str, category: str) -> None:
     every score), so its decision serves: the benchmark measures the decision's cost, not learning."""
     import redis
 
-    from app.cache.keys import KEYS, observation_field
+    from app.cache.storage.keys import KEYS, observation_field
 
     client = redis.Redis.from_url(redis_url)
     client.hset(KEYS.observations_key("v1", category, "default"), mapping={observation_field("ok", b): 10_000 for b in range(160)})
@@ -244,8 +244,8 @@ def verifier_cost(pairs: list[tuple[str, str]]) -> tuple[float, float, int]:
     Times the most expensive path a semantic hit can take: the guards, then the learned verifier
     (``verify`` itself stops early when a guard rejects).
     """
-    from app.cache.keys import normalize_text
-    from app.cache.verify import load_verifier
+    from app.cache.decision.verify import load_verifier
+    from app.cache.storage.keys import normalize_text
     from app.settings import Settings
 
     verifier = load_verifier(Settings())

@@ -65,7 +65,7 @@ def redis_sync(redis_url: str) -> Iterator[redis.Redis]:
         from redis.cluster import RedisCluster
 
         host, port = redis_url.removeprefix("redis+cluster://").split(",")[0].split(":")
-        from app.cache.keys import BUCKETS_KEY
+        from app.cache.storage.keys import BUCKETS_KEY
 
         cluster = RedisCluster(host=host, port=int(port))
         # Strata servers of a module outlive a test: their bucket tags stay (they would be the same).

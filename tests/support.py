@@ -22,7 +22,7 @@ from litestar import Litestar, Request, Response, get, post
 from litestar.response import Stream
 
 from app.asgi import create_app
-from app.cache.judge import JUDGE_SYSTEM_PROMPT
+from app.cache.readers.judge import JUDGE_SYSTEM_PROMPT
 from app.embed import Encoder
 from app.replay.simulate import ServerThread, free_port
 from app.settings import Settings
@@ -486,8 +486,8 @@ def seed_pool(client: Any, category: str = "learn", tenant: str = "default") -> 
 
 def keyspace(client: Any, tenant: str = "default", category: str = "business") -> Any:
     """The keyspace a (tenant, category) is cached in: the plain one, or its cluster bucket's."""
-    from app.cache.buckets import bucket_of
-    from app.cache.keys import BUCKETS_KEY, KEYS, Keyspace
+    from app.cache.storage.buckets import bucket_of
+    from app.cache.storage.keys import BUCKETS_KEY, KEYS, Keyspace
 
     if not clustered(client):
         return KEYS
@@ -496,7 +496,7 @@ def keyspace(client: Any, tenant: str = "default", category: str = "business") -
 
 
 def every_keyspace(client: Any) -> list[Any]:
-    from app.cache.keys import BUCKETS_KEY, KEYS, Keyspace
+    from app.cache.storage.keys import BUCKETS_KEY, KEYS, Keyspace
 
     if not clustered(client):
         return [KEYS]
@@ -524,7 +524,7 @@ def indexes(client: Any) -> set[str]:
 async def first_bucket(redis_url: str) -> tuple[Any, Any]:
     """(a connection, its keyspace) where a component test can run a layer on its own: the test
     Redis itself, or on a cluster its first bucket (a single Redis, as the layers see it)."""
-    from app.cache.buckets import open_buckets
+    from app.cache.storage.buckets import open_buckets
     from app.settings import RedisSettings
 
     buckets = await open_buckets(RedisSettings(url=redis_url, timeout_s=5.0))

@@ -9,8 +9,8 @@ import msgspec
 from litestar import Controller, Request, get, post
 
 from app.api.protocol import read_body
-from app.cache.base import CACHE_ERRORS
-from app.cache.invalidation import Invalidation, InvalidationError, NothingThere
+from app.cache.storage.contract import CACHE_ERRORS
+from app.cache.storage.invalidation import Invalidation, InvalidationError, NothingThere
 from app.errors import CacheUnavailable, Forbidden, InvalidRequest, NotFound, Unauthorized
 from app.lifespan import Resources, sweep_generations_after, sweep_versions_after
 

@@ -8,8 +8,8 @@ import msgspec
 from litestar import Controller, Request, post
 
 from app.api.protocol import parse_view, read_body
-from app.cache.base import CACHE_ERRORS
-from app.cache.feedback import FeedbackError, FeedbackRequest
+from app.cache.learning.feedback import FeedbackError, FeedbackRequest
+from app.cache.storage.contract import CACHE_ERRORS
 from app.errors import CacheUnavailable, Conflict, InvalidRequest, NotFound
 from app.lifespan import Resources
 from app.protocols.events import chat_completion_id

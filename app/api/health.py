@@ -9,10 +9,11 @@ from typing import Any
 import msgspec
 from litestar import Controller, Request, Response, get
 
-from app.cache.base import CACHE_ERRORS
+from app.cache.storage.contract import CACHE_ERRORS
 from app.errors import Unauthorized
 from app.lifespan import Resources
 from app.metrics import CONTENT_TYPE
+from app.policy import AdaptiveSemantic
 from app.upstream_metrics import PrefixCache
 
 
@@ -78,7 +79,7 @@ class HealthController(Controller):
         warnings: list[str] = []
         for name, category in sorted(resources.policy.categories.items()):
             policy = category.semantic
-            if not policy.enabled or policy.error_bound is None or tag is None:
+            if not policy.enabled or not isinstance(policy, AdaptiveSemantic) or tag is None:
                 continue
             try:
                 figures = await resources.cache.semantic.adaptive.precision(tag, name, policy)

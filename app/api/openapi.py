@@ -13,8 +13,8 @@ from litestar import Controller, Request, get
 from litestar.openapi.plugins import SwaggerRenderPlugin
 
 from app import __version__
-from app.cache.feedback import FeedbackRequest
-from app.cache.invalidation import Invalidation
+from app.cache.learning.feedback import FeedbackRequest
+from app.cache.storage.invalidation import Invalidation
 from app.lifespan import Resources
 from app.wire import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, ErrorResponse
 

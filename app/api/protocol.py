@@ -10,8 +10,8 @@ import msgspec
 from litestar import Request
 
 from app.auth import Caller, valid_user
-from app.cache.keys import text_of
 from app.cache.layered import CacheMode
+from app.cache.storage.keys import text_of
 from app.errors import InvalidRequest, RequestTimeout
 from app.wire import LEGACY_COMPLETION_FIELD, ChatCompletionRequest, CompletionRequest, json_decoder
 

@@ -16,13 +16,12 @@ from typing import Any, Protocol
 
 import msgspec
 
-from app.cache.base import CACHE_ERRORS, CacheHit, CacheLayer, CacheQuery, Candidate, CorruptEntry
-from app.cache.exact import EXACT
-from app.cache.feedback import ServedQuestions
-from app.cache.keys import NO_GENERATION, CanonicalRequest
-from app.cache.learning import AnswerLearner
+from app.cache.learning.learner import AnswerLearner
 from app.cache.semantic import SEMANTIC
-from app.cache.version import ScopeGenerations, StaleScope, StaleVersion, VersionTag
+from app.cache.storage.contract import CACHE_ERRORS, CacheHit, CacheLayer, CacheQuery, Candidate, CorruptEntry
+from app.cache.storage.exact import EXACT
+from app.cache.storage.keys import NO_GENERATION, CanonicalRequest
+from app.cache.storage.version import ScopeGenerations, StaleScope, StaleVersion, VersionTag
 from app.metrics import Metrics
 from app.policy import CategoryPolicy
 from app.wire import decode_completion
@@ -88,8 +87,6 @@ class RequestCache(Protocol):
 
     async def store(self, plan: CachePlan, raw: bytes, completion: dict[str, Any]) -> None: ...
 
-    def remember(self, plan: CachePlan, hit: CacheHit) -> None: ...
-
     async def settle(self) -> None: ...
 
 
@@ -107,13 +104,11 @@ class LayeredCache:
             waits on the LLM judge.
         learner: Learns from answered misses of adaptive categories, off the request path.
         max_learning: Observations in flight per worker; beyond it new ones are dropped (counted).
-        served: Where semantically served questions are remembered (repeats); ``None``: nowhere.
     """
 
     def __init__(self, versions: VersionTag, layers: Sequence[CacheLayer], metrics: Metrics, *,
                  lookup_timeout_s: float, judge_timeout_s: float = 0.0, learner: AnswerLearner | None = None,
-                 max_learning: int = 256, generations: ScopeGenerations | None = None,
-                 served: ServedQuestions | None = None) -> None:
+                 max_learning: int = 256, generations: ScopeGenerations | None = None) -> None:
         self.versions = versions
         self.generations = generations
         self._layers = list(layers)
@@ -126,7 +121,6 @@ class LayeredCache:
         self._learner = learner
         self._max_learning = max_learning
         self._learning: set[asyncio.Task[None]] = set()
-        self._served = served
 
     def layer(self, name: str) -> CacheLayer | None:
         return self._by_name.get(name)
@@ -316,26 +310,6 @@ class LayeredCache:
         self._metrics.observations.labels(query.category.name, result, str(candidate.explored).lower()).inc()
         if observed.merged:
             self._metrics.entry_merges.labels(query.category.name).inc(observed.merged)
-
-    def remember(self, plan: CachePlan, hit: CacheHit) -> None:
-        """Remember a semantically served question in a category that explores repeats, after
-        its response (in the background, bounded like the observations). Any other hit writes
-        nothing: its response id carries what served it (app/cache/receipts.py)."""
-        if self._served is None or plan.query is None or not ServedQuestions.wanted(plan.query, hit):
-            return
-        if len(self._learning) >= self._max_learning:
-            self._metrics.cache_failed("served", "store", OverflowError("too many records in flight"))
-            return
-        task = asyncio.create_task(self._remember(plan.query, hit))
-        self._learning.add(task)
-        task.add_done_callback(self._learning.discard)
-
-    async def _remember(self, query: CacheQuery, hit: CacheHit) -> None:
-        assert self._served is not None
-        try:
-            await self._served.remember(query, hit)
-        except CACHE_ERRORS as exc:
-            self._metrics.cache_failed("served", "store", exc)
 
     async def settle(self) -> None:
         """Wait for the observations in flight (shutdown, replays that must be deterministic)."""

@@ -2,7 +2,7 @@
 
 Each bucket holds a whole keyspace and behaves as a single Redis (app/cache/buckets.py), so the
 cluster's cache and invalidator are compositions: one :class:`~app.cache.layered.LayeredCache`
-and one :class:`~app.cache.invalidation.CacheInvalidator` per bucket, and a router that sends
+and one :class:`~app.cache.storage.invalidation.CacheInvalidator` per bucket, and a router that sends
 each request or invalidation to the bucket (or buckets) that can hold it. Both implement the
 same protocols as their single-node peers, so nothing above them knows which it has.
 """
@@ -16,19 +16,12 @@ from typing import Any
 
 import msgspec
 
-from app.cache.base import CacheHit, CacheQuery
-from app.cache.buckets import Buckets, ClusterUnavailable
-from app.cache.invalidation import (
-    AuditLog,
-    CacheInvalidator,
-    Invalidated,
-    Invalidation,
-    NothingThere,
-    check_invalidation,
-)
-from app.cache.keys import CanonicalRequest
 from app.cache.layered import CacheMode, CachePlan, LayeredCache
-from app.cache.version import VersionTag
+from app.cache.storage.buckets import Buckets, ClusterUnavailable
+from app.cache.storage.contract import CacheHit, CacheQuery
+from app.cache.storage.invalidation import AuditLog, CacheInvalidator, Invalidated, Invalidation, NothingThere, check_invalidation
+from app.cache.storage.keys import CanonicalRequest
+from app.cache.storage.version import VersionTag
 from app.metrics import Metrics
 from app.policy import CategoryPolicy, Policy
 
@@ -84,10 +77,6 @@ class RoutedCache:
     async def store(self, plan: CachePlan, raw: bytes, completion: dict[str, Any]) -> None:
         if plan.query is not None:
             await self._of(plan.query).store(plan, raw, completion)
-
-    def remember(self, plan: CachePlan, hit: CacheHit) -> None:
-        if plan.query is not None:
-            self._of(plan.query).remember(plan, hit)
 
     async def settle(self) -> None:
         await asyncio.gather(*(cache.settle() for cache in self.caches))

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.cache.base import Verdict
-from app.cache.keys import normalize_text
-from app.cache.verify import ABOVE_BAND, BELOW_THRESHOLD, OUTSIDE_BOUND, VERIFIED, CandidateCheck, PairVerifier
+from app.cache.decision.verify import ABOVE_BAND, BELOW_THRESHOLD, OUTSIDE_BOUND, VERIFIED, CandidateCheck, PairVerifier
+from app.cache.storage.contract import Verdict
+from app.cache.storage.keys import normalize_text
 from app.calibrate.pairs import Pair
 from app.embed import Encoder
 from app.policy import SemanticPolicy

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.cache.keys import normalize_text
-from app.cache.verify import GUARD_FEATURES, PairVerifier
+from app.cache.decision.verify import GUARD_FEATURES, PairVerifier
+from app.cache.storage.keys import normalize_text
 from app.calibrate.evaluate import Score, score
 from app.calibrate.pairs import Pair
-from app.policy import SemanticPolicy
+from app.policy import FixedSemantic
 
 
 def features_of(pairs: Sequence[Pair], sims: np.ndarray, verifier: PairVerifier) -> np.ndarray:
@@ -40,7 +40,7 @@ def tabulate(pairs: Sequence[Pair], sims: np.ndarray, verifier: PairVerifier) ->
     return PairTable(np.asarray(sims), guard_ok, probability, np.array([p.label for p in pairs]))
 
 
-def decide(table: PairTable, policy: SemanticPolicy) -> np.ndarray:
+def decide(table: PairTable, policy: FixedSemantic) -> np.ndarray:
     """Vectorised :meth:`PairVerifier.verify` over a table (tested to agree with it)."""
     gate = (table.similarity >= policy.threshold) & table.guard_ok
     served: np.ndarray = gate & ((table.similarity >= policy.accept_above) | (table.probability >= policy.min_probability))
@@ -63,7 +63,7 @@ def precision_lower_bound(true_hits: np.ndarray | int, hits: np.ndarray | int, z
 
 
 def fit(table: PairTable, target_precision: float, min_hits: int = 20,
-        margin: float = 1.0) -> tuple[SemanticPolicy, Score] | None:
+        margin: float = 1.0) -> tuple[FixedSemantic, Score] | None:
     """The policy with the highest recall whose precision reaches the target on the table.
 
     A policy counts only with at least ``min_hits`` hits, and only when the Wilson lower bound of
@@ -71,7 +71,7 @@ def fit(table: PairTable, target_precision: float, min_hits: int = 20,
     does not pass for precision. Of policies with equal recall the one with the highest cosine
     threshold wins: fewer candidates reach the learned verifier.
     """
-    best: tuple[SemanticPolicy, Score] | None = None
+    best: tuple[FixedSemantic, Score] | None = None
     thresholds = np.round(np.arange(0.98, 0.499, -0.02), 2)
     probabilities = np.round(np.concatenate([np.arange(0.5, 0.95, 0.05), np.arange(0.95, 1.0, 0.005)]), 3)
     for threshold in thresholds:
@@ -80,7 +80,7 @@ def fit(table: PairTable, target_precision: float, min_hits: int = 20,
             if accept_above < threshold:
                 continue
             for min_probability in probabilities:
-                policy = SemanticPolicy(threshold=float(threshold), accept_above=accept_above,
+                policy = FixedSemantic(threshold=float(threshold), accept_above=accept_above,
                                         min_probability=float(min_probability))
                 decisions = decide(table, policy)
                 result = score(decisions, table.label)

@@ -8,10 +8,10 @@ import numpy as np
 
 from app.calibrate.evaluate import score
 from app.calibrate.fit import PairTable, decide
-from app.policy import SemanticPolicy
+from app.policy import FixedSemantic
 
 
-def plot(table: PairTable, policy: SemanticPolicy, output: Path, title: str, target_precision: float) -> None:
+def plot(table: PairTable, policy: FixedSemantic, output: Path, title: str, target_precision: float) -> None:
     """Precision-recall curves: cosine alone, the verifier's probability past the guards at any
     cosine and under the policy's gate, the chosen policy and the target."""
     import matplotlib

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from app.cache.verify import FEATURE_NAMES, PairVerifier, TreeEnsemble, VerifierArtifact
+from app.cache.decision.verify import FEATURE_NAMES, PairVerifier, TreeEnsemble, VerifierArtifact
 from app.calibrate.fit import features_of
 from app.calibrate.pairs import Pair
 

@@ -23,7 +23,7 @@ import msgspec
 import uvicorn
 from litestar import Litestar, Request, get, post
 
-from app.cache.keys import normalize_text
+from app.cache.storage.keys import normalize_text
 from app.replay.streams import WORDINGS, curated_answer, worded
 from app.settings import PROJECT_ROOT, Settings
 
@@ -226,7 +226,7 @@ def run_simulated(stream: list[Any], *, settings: Settings, category: str, encod
         if reader is not None and judge:
             raise ValueError("a reader or a simulated judge, not both")
         if judge == "oracle":
-            from app.readers.oracle import OracleReader
+            from app.cache.readers.oracle import OracleReader
 
             reader = OracleReader({normalize_text(r.text): r.label for r in stream}, error=judge_error)
         elif judge:

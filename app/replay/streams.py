@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from app.cache.keys import normalize_text
+from app.cache.storage.keys import normalize_text
 from app.calibrate.pairs import Clusters, read_utf8
 
 

@@ -33,11 +33,13 @@ from litestar.response import Redirect, Template
 from litestar.template.config import TemplateConfig
 
 from app.auth import KEY_PREFIX
-from app.cache.adaptive import same_wording
-from app.cache.base import CACHE_ERRORS
-from app.cache.feedback import FeedbackError, FeedbackRequest
-from app.cache.invalidation import Invalidated, Invalidation, InvalidationError, NothingThere
-from app.cache.keys import (
+from app.cache.decision.candidates import same_wording
+from app.cache.decision.verify import READER_ACCEPTED
+from app.cache.learning.feedback import FeedbackError, FeedbackRequest
+from app.cache.learning.review import REVIEW_MAX_ITEMS, ReviewItem
+from app.cache.storage.contract import CACHE_ERRORS
+from app.cache.storage.invalidation import Invalidated, Invalidation, InvalidationError, NothingThere
+from app.cache.storage.keys import (
     FIELD_ANSWER,
     FIELD_CATEGORY,
     FIELD_QUESTION,
@@ -47,13 +49,12 @@ from app.cache.keys import (
     layers_key,
     normalize_text,
 )
-from app.cache.recent import RECENT_HITS
-from app.cache.review import REVIEW_MAX_ITEMS, ReviewItem
-from app.cache.usage import LAYERS
-from app.cache.verify import READER_ACCEPTED
+from app.cache.storage.recent import RECENT_HITS
+from app.cache.storage.usage import LAYERS
 from app.errors import StrataError
 from app.faq import FaqItem, curated_completion, load_faq_in_buckets, remove_model_copies
 from app.lifespan import Resources, sweep_generations_after, sweep_versions_after
+from app.policy import AdaptiveSemantic
 from app.web.guard import ConsoleGuard, token_prefix
 from app.web.headers import security_headers
 from app.web.overview import CURVE_SLOT_MINUTES, LayerFigures, layer_figures
@@ -328,7 +329,7 @@ class ConsoleController(Controller):
         if semantic is not None and tag is not None:
             for name in _semantic_categories(resources):
                 policy = resources.policy.categories[name].semantic
-                if policy.error_bound is None:
+                if not isinstance(policy, AdaptiveSemantic):
                     continue
                 adaptive.add(name)
                 try:
@@ -490,8 +491,9 @@ class ConsoleController(Controller):
         item = await bucket.review.get(tag, identifier) if bucket is not None and tag is not None else None
         if bucket is None or tag is None or item is None or item.tenant != tenant or item.category != category:
             return _forbidden(session, resources, "That item is not in your queue (settled already, or expired).")
-        assert bucket.learner is not None
-        took = await bucket.learner.settle_review(tag, item, approved, resources.policy.categories[category].semantic)
+        policy = resources.policy.categories[category].semantic
+        assert bucket.learner is not None and isinstance(policy, AdaptiveSemantic)  # queued only in adaptive ones
+        took = await bucket.learner.settle_review(tag, item, approved, policy)
         await bucket.review.remove(tag, item, "approve" if approved else "reject")
         who = _who(session, request)
         await resources.cache.invalidator.audit_log.record_event(

@@ -14,8 +14,8 @@ import hashlib
 import time
 
 from app.auth import KEY_PREFIX, AdminToken, TenantResolver
-from app.cache.base import CACHE_ERRORS, SharedRedis
-from app.cache.keys import CONSOLE_ENDED_PREFIX, CONSOLE_SIGNIN_PREFIX
+from app.cache.storage.contract import CACHE_ERRORS, SharedRedis
+from app.cache.storage.keys import CONSOLE_ENDED_PREFIX, CONSOLE_SIGNIN_PREFIX
 from app.web.sessions import ConsoleSession, SessionSigner
 
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 
 import msgspec
 
-from app.cache.usage import KIND_MILLISECONDS, KIND_REQUESTS, LAYERS, parse_layer_field
+from app.cache.storage.usage import KIND_MILLISECONDS, KIND_REQUESTS, LAYERS, parse_layer_field
 
 # Layers that answer from the cache: their latency is the hit latency.
 HIT_LAYERS = ("exact", "semantic", "curated")

@@ -3,9 +3,7 @@ metrics, headers and a tooltip, where operators who read ``X-Cache-Verdict`` loo
 
 from __future__ import annotations
 
-from app.cache.judge import JUDGE_ACCEPTED, JUDGE_FAILED, JUDGE_REJECTED
-from app.cache.semantic import QUESTION_TOO_LONG
-from app.cache.verify import (
+from app.cache.decision.verify import (
     ABOVE_BAND,
     BELOW_THRESHOLD,
     CURATED_WORDING,
@@ -25,6 +23,8 @@ from app.cache.verify import (
     WITHIN_BOUND,
     WRONG_BEFORE,
 )
+from app.cache.readers.judge import JUDGE_ACCEPTED, JUDGE_FAILED, JUDGE_REJECTED
+from app.cache.semantic import QUESTION_TOO_LONG
 
 VERDICT_WORDS = {
     BELOW_THRESHOLD: "not similar enough",

@@ -23,8 +23,8 @@ from redisvl.exceptions import RedisSearchError
 from redisvl.index import AsyncSearchIndex
 from redisvl.query import VectorQuery
 
-from app.cache.exact import _LOOKUP_SCRIPT
-from app.cache.keys import KEYS
+from app.cache.storage.exact import _LOOKUP_SCRIPT
+from app.cache.storage.keys import KEYS
 
 VERSION_KEY, SCOPES_KEY = KEYS.version_key, KEYS.scopes_key
 

@@ -17,8 +17,8 @@ import redis
 from redis.cluster import RedisCluster
 
 from app.auth import add_key
-from app.cache.buckets import bucket_of
-from app.cache.keys import BUCKETS_KEY
+from app.cache.storage.buckets import bucket_of
+from app.cache.storage.keys import BUCKETS_KEY
 from tests.cluster.conftest import LocalCluster, local_cluster
 from tests.support import FakeUpstream, ask, free_port, serve_strata, strata_settings
 

@@ -19,8 +19,8 @@ import redis
 from redis.cluster import RedisCluster
 
 from app.auth import add_key
-from app.cache.buckets import bucket_of
-from app.cache.keys import AUDIT_KEY, BUCKETS_KEY, NAMESPACE, RESPONSE_SECRET_KEY, verdict_key
+from app.cache.storage.buckets import bucket_of
+from app.cache.storage.keys import AUDIT_KEY, BUCKETS_KEY, NAMESPACE, RESPONSE_SECRET_KEY, verdict_key
 from tests.support import ADMIN_TOKEN, MODEL, FakeUpstream, ask, run_cli, scan, serve_strata, strata_settings
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}", "X-Strata-Operator": "tests"}
@@ -255,7 +255,7 @@ def test_a_slow_first_slot_map_read_at_start_up_is_tried_again(cluster_url: str,
     from redis.asyncio.cluster import RedisCluster as AsyncCluster
     from redis.exceptions import TimeoutError as RedisTimeout
 
-    from app.cache.buckets import open_buckets
+    from app.cache.storage.buckets import open_buckets
     from app.settings import RedisSettings
 
     real = AsyncCluster.initialize

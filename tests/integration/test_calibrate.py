@@ -10,7 +10,7 @@ import httpx
 import pytest
 import redis
 
-from app.cache.verify import load_verifier
+from app.cache.decision.verify import load_verifier
 from app.calibrate.evaluate import evaluate, similarities, verify_all
 from app.calibrate.pairs import Pair
 from app.policy import Policy

@@ -11,10 +11,10 @@ import openai
 import pytest
 import redis
 
-from app.cache.base import CacheQuery
-from app.cache.exact import ExactCache, exact_key
-from app.cache.keys import canonicalize
-from app.cache.version import StaleScope, StaleVersion
+from app.cache.storage.contract import CacheQuery
+from app.cache.storage.exact import ExactCache, exact_key
+from app.cache.storage.keys import canonicalize
+from app.cache.storage.version import StaleScope, StaleVersion
 from app.policy import CategoryPolicy
 from app.wire import ChatCompletionRequest
 from tests.support import (

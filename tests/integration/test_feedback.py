@@ -15,7 +15,6 @@ import redis
 from tests.support import FakeUpstream, ask, eventually, keyspace, scan, seed_pool, serve_strata, strata_settings
 
 LEARN = {"X-Cache-Category": "learn"}
-REPEAT = {"X-Cache-Category": "learn_repeat"}
 # Signed with the first; the second is a rotated secret still accepted (app/cache/receipts.py).
 SECRETS = (b"feedback-test-secret-new-0123456789", b"feedback-test-secret-old-0123456789")
 REFUND = "To get a refund, open the order page and press Refund; see guide 12."
@@ -34,10 +33,6 @@ def feedback_strata(redis_url: str, fake_upstream: FakeUpstream, use_encoder: An
 def strata(feedback_strata: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream) -> str:
     fake_upstream.reset()
     return feedback_strata
-
-
-
-
 
 
 def semantic_hit(strata: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream, headers: dict[str, str],
@@ -70,7 +65,7 @@ def test_a_hits_response_id_is_in_its_body_and_header_and_names_what_served_it(
     response_id = served.json()["id"]
     assert served.headers["x-cache-response-id"] == response_id and response_id.startswith("chatcmpl-")
     # The id is the receipt: opened with the service's secret, it names what served the hit.
-    from app.cache.receipts import ResponseIds
+    from app.cache.learning.receipts import ResponseIds
 
     receipt = ResponseIds(SECRETS).open(response_id)
     assert receipt.layer == "semantic" and receipt.tenant == "default" and receipt.category == "learn"
@@ -103,7 +98,7 @@ def test_an_altered_or_forged_id_is_refused(strata: str, redis_sync: redis.Redis
         refused = feedback(strata, altered(response_id, position))
         assert refused.status_code == 404 and refused.json()["error"]["code"] == "unknown_response", position
     # Signed with another secret (a client's forgery): as unknown.
-    from app.cache.receipts import ResponseIds
+    from app.cache.learning.receipts import ResponseIds
 
     forger = ResponseIds([b"not-the-service-secret-0123456789"])
     receipt = ResponseIds(SECRETS).open(response_id)
@@ -168,21 +163,6 @@ def test_another_tenants_feedback_finds_nothing(redis_url: str, redis_sync: redi
         assert ask(server.url, "积分有什么用", key=shop).headers["x-cache"] == "miss"
 
 
-def test_a_question_served_semantically_is_explored_when_asked_again(
-        strata: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream) -> None:
-    # learn_repeat: the fixture's learn with repeat_explore 1.0.
-    served = semantic_hit(strata, redis_sync, fake_upstream, REPEAT, "怎么注销账户", "怎么注销账户啊")
-    assert served.headers["x-cache"] == "semantic-hit"
-    # Written after the response (app/cache/feedback.py). A single-node pattern: `scan` finds it
-    # in any bucket on a cluster.
-    assert eventually(lambda: scan(redis_sync, "strata:v1:served:*"))
-    fake_upstream.answers["怎么注销账户啊"] = INVOICE  # another answer: the served one was wrong
-    repeat = ask(strata, "怎么注销账户啊", headers=REPEAT)
-    assert repeat.headers["x-cache"] == "miss" and repeat.json()["choices"][0]["message"]["content"] == INVOICE
-    # The explored repeat's answer is stored for that question, and its observation vetoes the entry there.
-    assert eventually(lambda: ask(strata, "怎么注销账户啊", headers=REPEAT).headers["x-cache"] == "exact-hit")
-
-
 def test_a_models_differing_answer_does_not_veto_a_curated_answer(
         strata: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream, tmp_path: Any, redis_url: str) -> None:
     import subprocess
@@ -222,8 +202,8 @@ def test_the_secret_kept_in_redis_is_shared_and_restored(redis_url: str, redis_s
 
     from redis.asyncio import Redis as AsyncRedis
 
-    from app.cache.keys import RESPONSE_SECRET_KEY
-    from app.cache.receipts import Receipt, ResponseIds
+    from app.cache.learning.receipts import Receipt, ResponseIds
+    from app.cache.storage.keys import RESPONSE_SECRET_KEY
 
     async def go() -> None:
         client = AsyncRedis.from_url(redis_url.replace("redis+cluster://", "redis://").split(",")[0])

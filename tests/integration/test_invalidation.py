@@ -158,7 +158,7 @@ def test_the_audit_stream_records_who_what_when_and_stays_capped(warmed: tuple[s
     latest = httpx.get(one + "/admin/cache/audit?count=1", headers=ADMIN).json()["data"][0]
     assert latest["who"].startswith("tests@") and latest["kind"] == "scope" and latest["target"] == "tenant:shop-a"
     assert abs(int(latest["at"]) - time.time()) < 30
-    from app.cache import invalidation
+    from app.cache.storage import invalidation
     pipe = redis_sync.pipeline()
     for i in range(invalidation.AUDIT_MAX_LEN + 500):
         pipe.xadd("strata:meta:audit", {"who": "load", "kind": "scope", "target": str(i)},

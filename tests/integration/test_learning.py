@@ -38,8 +38,6 @@ def strata(learning_strata: str, redis_sync: redis.Redis, fake_upstream: FakeUps
     return learning_strata
 
 
-
-
 def pool_key(redis_sync: redis.Redis, category: str = "learn", tenant: str = "default") -> str:
     """The key of a tenant's pooled observations in a category (its bucket on a cluster)."""
     return keyspace(redis_sync, tenant, category).observations_key("v1", category, tenant)
@@ -63,8 +61,6 @@ def forget_question(redis_sync: redis.Redis, question: str) -> None:
         for key in scan(redis_sync, pattern):
             if redis_sync.hget(key, "question") == question.encode():
                 redis_sync.delete(key)
-
-
 
 
 def test_an_answered_miss_is_an_observation_and_an_equivalent_answer_an_alias(
@@ -229,19 +225,6 @@ def test_replay_simulate_with_curated_answers_counts_their_hits_by_label(use_enc
     assert report.wrong("semantic-hit") == 1
 
 
-def test_entry_record_hits_can_be_explored_at_their_own_rate(
-        strata: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream) -> None:
-    explored = {"X-Cache-Category": "learn_entry_explored"}
-    fake_upstream.answers.update({q: REFUND for q in ("怎么申请退款", "如何申请退款")})
-    ask(strata, "怎么申请退款", headers=explored)
-    entry_key, _ = sem_doc(redis_sync, "怎么申请退款")
-    redis_sync.hset(entry_key, "confirmed:050", 3)
-    # The entry vouches, and every such would-be hit is sent upstream and observed (explore 1.0).
-    assert ask(strata, "如何申请退款", headers=explored).headers["x-cache"] == "miss"
-    counts = eventually(lambda: pool_counts(redis_sync, "learn_entry_explored"))
-    assert counts.get("explored_ok") == 1
-
-
 def test_two_entries_of_one_answer_are_merged_by_a_miss_that_matches_both(
         strata: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream) -> None:
     first, second, third = "怎么申请退款", "退款怎么申请", "如何申请退款"
@@ -295,24 +278,3 @@ def test_entries_are_not_merged_past_the_alias_cap(
     time.sleep(0.3)
     assert [redis_sync.hget(k, "root") for k in keys] == [k.encode() for k in keys]
 
-
-def test_a_guard_an_entry_outgrew_lets_its_candidates_through_until_another_answer(
-        strata: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream) -> None:
-    guarded = {"X-Cache-Category": "learn_guard"}  # guard_lift: 1
-    first, second, third = ("how do i raise my credit limit to 5000", "raise my credit limit to 8000 please",
-                            "can my credit limit go up to 9000")
-    fake_upstream.answers.update({q: LIMIT for q in (first, second, third)})
-    ask(strata, first, headers=guarded)
-    # The numbers differ, so the guard turns the entry down; the model's answer was the entry's all the same.
-    assert ask(strata, second, headers=guarded).headers["x-cache"] == "miss"
-    entry_key, _ = sem_doc(redis_sync, first)
-    assert eventually(lambda: redis_sync.hget(entry_key, "guard_ok:numbers_differ")) == b"1"
-    assert not any(k.startswith(b"ok:") for k in redis_sync.hgetall(entry_key))  # not evidence for the pool
-    # Outgrown: the next such candidate is decided as any other (here the pool allows it).
-    redis_sync.hset(pool_key(redis_sync, "learn_guard"), mapping={f"ok:{b:03d}": 1000 for b in range(50, 160)})
-    served = ask(strata, third, headers=guarded)
-    assert served.headers["x-cache"] == "semantic-hit", dict(served.headers)
-    # An answered miss with another answer puts the guard back for this entry.
-    redis_sync.hset(entry_key, "guard_wrong:numbers_differ", 1)
-    forget_question(redis_sync, third)
-    assert ask(strata, third, headers=guarded).headers["x-cache"] == "miss"

@@ -11,11 +11,10 @@ import httpx
 import pytest
 import redis
 
-from tests.integration.test_learning import REFUND, forget_question, pool_counts, pool_key, sem_doc
+from tests.integration.test_learning import REFUND, forget_question, pool_counts, pool_key
 from tests.support import FakeUpstream, ask, eventually, keyspace, serve_strata, strata_settings
 
 READ = {"X-Cache-Category": "learn_read"}
-EVIDENCE = {"X-Cache-Category": "learn_entry_evidence"}
 
 
 @pytest.fixture(scope="module")
@@ -93,24 +92,3 @@ def test_a_reader_measured_right_serves_on_its_yes_and_its_no_is_a_miss(
     assert 'strata_semantic_verifications_total{decision="accept",reason="reader_accepted"}' in metrics
     assert 'strata_semantic_verifications_total{decision="reject",reason="reader_rejected"}' in metrics
 
-
-def test_the_entry_record_vouches_only_where_the_pool_measured_it(
-        strata: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream) -> None:
-    fake_upstream.answers.update({q: REFUND for q in ("怎么申请退款", "如何申请退款")})
-    ask(strata, "怎么申请退款", headers=EVIDENCE)
-    entry_key, _ = sem_doc(redis_sync, "怎么申请退款")
-    redis_sync.hset(entry_key, "confirmed:050", 3)
-    # The record vouches, but no record has been measured in this pool: the model answers, and
-    # the candidate counts for the record (record_ok:<bin>).
-    refused = ask(strata, "如何申请退款", headers=EVIDENCE)
-    assert refused.headers["x-cache"] == "miss"
-    counts = eventually(lambda: {k: v for k, v in pool_counts(redis_sync, "learn_entry_evidence").items()
-                                 if k.startswith("record_")})
-    [(field, count)] = counts.items()
-    assert field.startswith("record_ok:") and count == 1
-    # Measured right often enough (no wrong one in 1,000 at every score): the record serves.
-    redis_sync.hset(pool_key(redis_sync, "learn_entry_evidence"),
-                    mapping={f"record_ok:{b:03d}": 1000 for b in range(50, 160)})
-    forget_question(redis_sync, "如何申请退款")
-    served = ask(strata, "如何申请退款", headers=EVIDENCE)
-    assert served.headers["x-cache"] == "semantic-hit" and served.headers["x-cache-verdict"] == "entry_record"

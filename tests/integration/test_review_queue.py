@@ -9,8 +9,8 @@ import pytest
 import redis
 from redis.asyncio import Redis
 
-from app.cache.keys import KEYS
-from app.cache.review import ReviewItem, ReviewQueue, item_id
+from app.cache.learning.review import ReviewItem, ReviewQueue, item_id
+from app.cache.storage.keys import KEYS
 
 TAG = "v1"
 

@@ -8,7 +8,7 @@ from typing import Any
 import redis
 from redis.asyncio import Redis
 
-from app.cache.semantic import index_dims
+from app.cache.storage.index import index_dims
 from app.embed import load_encoder
 from tests.support import FakeUpstream, ask, indexes, keyspace, node_of, serve_strata, strata_settings
 

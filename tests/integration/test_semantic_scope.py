@@ -13,16 +13,17 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.cache.base import CacheQuery
-from app.cache.keys import canonicalize, faq_scope_digest
-from app.cache.semantic import SemanticCache, scope_filter
+from app.cache.semantic import SemanticCache
+from app.cache.storage.contract import CacheQuery
+from app.cache.storage.index import scope_filter
+from app.cache.storage.keys import canonicalize, faq_scope_digest
 from app.embed import BatchingEmbedder
-from app.policy import CategoryPolicy, SemanticPolicy
+from app.policy import CategoryPolicy, FixedSemantic
 from app.settings import PROJECT_ROOT
 from app.wire import ChatCompletionRequest
 from tests.support import first_bucket
 
-CATEGORY = CategoryPolicy(name="faq", ttl_seconds=600, semantic=SemanticPolicy(threshold=0.80, accept_above=0.97))
+CATEGORY = CategoryPolicy(name="faq", ttl_seconds=600, semantic=FixedSemantic(threshold=0.80, accept_above=0.97))
 # Names built from everything the RediSearch query syntax gives meaning to, plus Unicode.
 SPECIAL = [*"|*-{}@ \"'\\,.<>[]():;!#$%^&=~/?+\t", "退款", "é", "\u3000", "ﬁ"]
 names = st.lists(st.sampled_from(SPECIAL) | st.text(min_size=1, max_size=3), min_size=1, max_size=6).map("".join)

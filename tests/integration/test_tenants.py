@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.auth import add_key, read_keys
-from app.cache.base import CacheQuery
-from app.cache.exact import ExactCache
-from app.cache.keys import canonicalize
+from app.cache.storage.contract import CacheQuery
+from app.cache.storage.exact import ExactCache
+from app.cache.storage.keys import canonicalize
 from app.policy import CategoryPolicy
 from app.settings import PROJECT_ROOT
 from app.wire import ChatCompletionRequest

@@ -12,7 +12,7 @@ import httpx
 import pytest
 import redis
 
-from app.cache.entry import EntryWriter
+from app.cache.storage.entry import EntryWriter
 from tests.support import FakeUpstream, chat, eventually, scan, serve_strata, strata_settings
 
 WRITE_DELAY_S = 1.0

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from app.cache.buckets import bucket_of, choose_tags, cluster_credentials, cluster_nodes
+from app.cache.storage.buckets import bucket_of, choose_tags, cluster_credentials, cluster_nodes
 
 
 def test_cluster_nodes_are_read_from_the_url() -> None:
@@ -46,7 +46,7 @@ def test_a_tenants_category_always_goes_to_one_bucket_and_tenants_spread() -> No
 def test_an_unreachable_cluster_is_a_clear_error_at_start() -> None:
     import asyncio
 
-    from app.cache.buckets import ClusterUnavailable, open_buckets
+    from app.cache.storage.buckets import ClusterUnavailable, open_buckets
     from app.settings import RedisSettings
     from tests.support import free_port
 

@@ -101,11 +101,11 @@ def test_a_refused_connection_is_the_only_retryable_upstream_failure() -> None:
 def test_a_policy_file_can_build_on_another_and_name_only_what_changes(tmp_path: Path) -> None:
     variant = tmp_path / "variant.yaml"
     variant.write_text(f"base: {PROJECT_ROOT / 'schemas' / 'policy.yaml'}\ndefault_category: judged\ncategories:\n"
-                       "  judged: {like: faq, semantic: {judge: true}}\n", encoding="utf-8")
+                       "  judged: {like: faq, semantic: {judge: async}}\n", encoding="utf-8")
     policy = Policy.load(variant)
     shipped = Policy.load(PROJECT_ROOT / "schemas" / "policy.yaml").categories["faq"]
     judged = policy.categories["judged"]
-    assert judged.semantic.judge and judged.semantic.threshold == shipped.semantic.threshold
+    assert judged.semantic.judge_after_miss and judged.semantic.threshold == shipped.semantic.threshold
     assert judged.ttl_seconds == shipped.ttl_seconds and "business" in policy.categories
     variant.write_text("default_category: x\ncategories:\n  x: {like: nowhere, ttl_seconds: 5}\n", encoding="utf-8")
     with pytest.raises(ValueError, match="nowhere"):
@@ -123,3 +123,29 @@ def test_redis_urls_in_messages_hide_their_password(url: str, shown: str) -> Non
     from app.settings import RedisSettings
 
     assert RedisSettings(url=url).shown_url == shown
+
+
+@pytest.mark.parametrize(("semantic", "refused"), [
+    ("{error_bound: 0.01, min_probability: 0.9}", "semantic.min_probability does not apply to an adaptive category"),
+    ("{error_bound: 0.01, judge: true}", "semantic.judge: true does not apply to an adaptive category"),
+    ("{threshold: 0.8, explore: 0.02}", "semantic.explore does not apply to a fixed category"),
+    ("{threshold: 0.8, reader: serve}", "semantic.reader does not apply to a fixed category"),
+    ("{error_bound: 0.01, repeat_explore: 0.5}", "semantic.repeat_explore is not a setting of an adaptive category"),
+    ("{threshold: 0.8, guard_lift: 1}", "semantic.guard_lift is not a setting of a fixed category"),
+])
+def test_a_knob_of_the_other_kind_of_category_is_refused_naming_file_category_and_knob(
+        tmp_path: Path, semantic: str, refused: str) -> None:
+    variant = tmp_path / "variant.yaml"
+    variant.write_text(f"default_category: x\ncategories:\n  x: {{ttl_seconds: 5, semantic: {semantic}}}\n",
+                       encoding="utf-8")
+    with pytest.raises(ValueError) as raised:
+        Policy.load(variant)
+    assert str(variant) in str(raised.value) and "category 'x'" in str(raised.value) and refused in str(raised.value)
+
+
+def test_each_shipped_category_is_of_its_own_kind() -> None:
+    from app.policy import AdaptiveSemantic, FixedSemantic
+
+    categories = Policy.load(PROJECT_ROOT / "schemas" / "policy.yaml").categories
+    assert isinstance(categories["faq"].semantic, AdaptiveSemantic)
+    assert all(isinstance(categories[name].semantic, FixedSemantic) for name in ("business", "personal", "general"))

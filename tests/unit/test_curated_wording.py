@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.cache.adaptive import same_wording
+from app.cache.decision.candidates import same_wording
 
 
 @pytest.mark.parametrize(("asked", "cached"), [

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from app.cache.judge import JUDGE_ACCEPTED, JUDGE_FAILED, JUDGE_REJECTED, JUDGE_SYSTEM_PROMPT, AnswerJudge
+from app.cache.readers.judge import JUDGE_ACCEPTED, JUDGE_FAILED, JUDGE_REJECTED, JUDGE_SYSTEM_PROMPT, LLMJudge
 from app.errors import UpstreamUnavailable
 
 
@@ -30,14 +30,14 @@ class StubCompleter:
     ("不是", JUDGE_REJECTED), ("", JUDGE_REJECTED), (None, JUDGE_REJECTED),
 ])
 def test_only_a_yes_accepts(reply: Any, reason: str) -> None:
-    verdict = asyncio.run(AnswerJudge(StubCompleter(reply), timeout_s=1.0).confirm("怎么退款", "怎么开发票", "m"))
+    verdict = asyncio.run(LLMJudge.on_upstream(StubCompleter(reply), timeout_s=1.0).confirm("怎么退款", "怎么开发票", "m"))
     assert verdict.reason == reason and verdict.accepted == (reason == JUDGE_ACCEPTED)
 
 
 def test_the_prompt_is_a_stable_prefix_then_the_pair() -> None:
     stub = StubCompleter()
-    asyncio.run(AnswerJudge(stub, timeout_s=1.0).confirm("怎么退款", "怎么开发票", "request-model"))
-    asyncio.run(AnswerJudge(stub, timeout_s=1.0, model="judge-model").confirm("a", "b", "request-model"))
+    asyncio.run(LLMJudge.on_upstream(stub, timeout_s=1.0).confirm("怎么退款", "怎么开发票", "request-model"))
+    asyncio.run(LLMJudge.on_upstream(stub, timeout_s=1.0, model="judge-model").confirm("a", "b", "request-model"))
     first, second = stub.bodies
     assert first["messages"][0] == second["messages"][0] == {"role": "system", "content": JUDGE_SYSTEM_PROMPT}
     assert "Cached question: 怎么开发票\nNew question: 怎么退款" in first["messages"][1]["content"]
@@ -51,5 +51,5 @@ def test_the_prompt_is_a_stable_prefix_then_the_pair() -> None:
     (StubCompleter(reply={"odd": 1}), JUDGE_REJECTED),
 ])
 def test_a_failing_judge_rejects(stub: StubCompleter, reason: str) -> None:
-    verdict = asyncio.run(AnswerJudge(stub, timeout_s=0.1).confirm("a", "b", "m"))
+    verdict = asyncio.run(LLMJudge.on_upstream(stub, timeout_s=0.1).confirm("a", "b", "m"))
     assert verdict.reason == reason and not verdict.accepted

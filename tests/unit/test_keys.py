@@ -8,7 +8,7 @@ import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.cache.keys import KEYS, Keyspace, canonicalize, version_tag
+from app.cache.storage.keys import KEYS, Keyspace, canonicalize, version_tag
 from app.wire import ChatCompletionRequest
 
 

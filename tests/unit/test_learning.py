@@ -8,21 +8,13 @@ import msgspec
 import numpy as np
 import pytest
 
-from app.cache.adaptive import (
-    PooledCounts,
-    decision_score,
-    entry_record_fields,
-    entry_vouches,
-    score_bin,
-    wilson_upper,
-    within_bound,
-)
-from app.cache.learning import AnswerLearner
-from app.cache.verify import Lexicon, PairAnalyzer
-from app.policy import SemanticPolicy
+from app.cache.decision.stats import PooledCounts, decision_score, entry_record_fields, entry_vouches, score_bin, wilson_upper, within_bound
+from app.cache.decision.verify import Lexicon, PairAnalyzer
+from app.cache.learning.learner import AnswerLearner
+from app.policy import AdaptiveSemantic
 from app.settings import PROJECT_ROOT
 
-ADAPTIVE = SemanticPolicy(threshold=0.6, error_bound=0.01, confidence=0.85)
+ADAPTIVE = AdaptiveSemantic(threshold=0.6, error_bound=0.01, confidence=0.85)
 
 
 def test_score_adds_half_the_margin_over_the_nearest_other_answer() -> None:
@@ -48,9 +40,9 @@ def test_pooled_counts_are_suffix_sums_and_the_bound_needs_evidence() -> None:
 
 
 def test_the_prior_speaks_only_once_the_pool_has_seen_one_over_the_bound() -> None:
-    from app.cache.adaptive import prior_has_evidence
+    from app.cache.decision.stats import prior_has_evidence
 
-    policy = SemanticPolicy(threshold=0.6, accept_above=0.88, error_bound=0.01, prior_evidence=True)
+    policy = AdaptiveSemantic(threshold=0.6, accept_above=0.88, error_bound=0.01, prior_evidence=True)
     assert not prior_has_evidence(PooledCounts({}), 90, policy)
     assert not prior_has_evidence(PooledCounts({"ok:095": 99}), 90, policy)  # 99 < 1 / 0.01
     assert prior_has_evidence(PooledCounts({"ok:095": 98, "wrong:091": 2}), 90, policy)
@@ -58,7 +50,7 @@ def test_the_prior_speaks_only_once_the_pool_has_seen_one_over_the_bound() -> No
 
 
 def test_same_content_is_a_repeat_in_other_function_words() -> None:
-    from app.cache.verify import PairVerifier
+    from app.cache.decision.verify import PairVerifier
 
     verifier = PairVerifier(PairAnalyzer(Lexicon.load(PROJECT_ROOT / "schemas" / "verification.yaml")), None)
     assert verifier.same_content("怎么申请退款", "怎么申请退款呢？")
@@ -107,7 +99,7 @@ def test_a_prior_serves_until_the_observations_refute_it() -> None:
     assert within_bound(unclear, 90, ADAPTIVE, prior=True) and not within_bound(unclear, 90, ADAPTIVE)
 
 
-ENTRY_POLICY = SemanticPolicy(threshold=0.6, accept_above=0.9, error_bound=0.01, entry_confirmations=3)
+ENTRY_POLICY = AdaptiveSemantic(threshold=0.6, accept_above=0.9, error_bound=0.01, entry_confirmations=3)
 
 
 def test_an_entry_vouches_with_enough_confirmations_and_no_wrong_nearby() -> None:
@@ -138,8 +130,8 @@ def test_a_wrong_just_below_is_outweighed_only_by_twice_the_evidence_from_closer
 
 
 def test_neighbours_are_other_entries_of_model_answers_in_the_band() -> None:
-    from app.cache.adaptive import NEIGHBOURS, neighbours_of
-    from app.cache.base import Nearest
+    from app.cache.decision.candidates import NEIGHBOURS, neighbours_of
+    from app.cache.storage.contract import Nearest
 
     def row(key: str, similarity: float, root: str, source: str | None = None, answer: str = "a") -> Nearest:
         fields: dict[str, object] = {"root": root, "answer": answer, "question": "q"}

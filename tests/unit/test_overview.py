@@ -2,14 +2,7 @@
 
 from __future__ import annotations
 
-from app.cache.usage import (
-    KIND_MILLISECONDS,
-    KIND_REQUESTS,
-    UsageCounts,
-    latency_bucket,
-    layer_field,
-    parse_layer_field,
-)
+from app.cache.storage.usage import KIND_MILLISECONDS, KIND_REQUESTS, UsageCounts, latency_bucket, layer_field, parse_layer_field
 from app.web.console import chart
 from app.web.overview import CURVE_SLOT_MINUTES, layer_figures, percentiles
 

@@ -15,9 +15,9 @@ import pytest
 from litestar import Litestar, Request, get, post
 
 from app.assembly import configured_reader
-from app.readers.base import ReadPair, Unanimous
-from app.readers.embedder import EmbedderReader, EndpointVectors, LocalModelVectors, vector_source
-from app.readers.llm import LLMJudge
+from app.cache.readers.base import ReadPair, Unanimous
+from app.cache.readers.embedder import EmbedderReader, EndpointVectors, LocalModelVectors, vector_source
+from app.cache.readers.judge import LLMJudge
 from app.replay.simulate import ServerThread
 from app.settings import SemanticSettings
 

@@ -11,16 +11,16 @@ import msgspec
 import pytest
 from litestar import Litestar, Request, get, post
 
-from app.cache.adaptive import PooledCounts, reader_error_here, reader_trusted, rule_trusted
-from app.cache.keys import VOUCH_READER, VOUCH_RECORD
-from app.policy import SemanticPolicy
-from app.readers.base import ReadPair
-from app.readers.llm import LLMJudge
-from app.readers.oracle import OracleReader
-from app.readers.queue import ReadQueue
+from app.cache.decision.stats import PooledCounts, reader_error_here, reader_trusted, rule_trusted
+from app.cache.readers.base import ReadPair
+from app.cache.readers.judge import LLMJudge
+from app.cache.readers.oracle import OracleReader
+from app.cache.readers.queue import ReadQueue
+from app.cache.storage.keys import VOUCH_READER, VOUCH_RECORD
+from app.policy import AdaptiveSemantic
 from app.replay.simulate import ServerThread
 
-POLICY = SemanticPolicy(threshold=0.6, accept_above=0.9, error_bound=0.01, confidence=0.85)
+POLICY = AdaptiveSemantic(threshold=0.6, accept_above=0.9, error_bound=0.01, confidence=0.85)
 
 
 def read(reader: Any, asked: str, cached: str) -> bool | None:
@@ -51,9 +51,9 @@ def test_the_entry_record_is_trusted_only_where_its_verdicts_were_measured() -> 
     assert not rule_trusted(clean, VOUCH_READER, 80, POLICY)  # another rule's record is its own
     assert not rule_trusted(PooledCounts({"record_ok:080": 60}), VOUCH_RECORD, 80, POLICY)  # too few to tell
     assert not rule_trusted(PooledCounts({"record_ok:080": 120, "record_wrong:095": 2}), VOUCH_RECORD, 80, POLICY)
-    counts = PooledCounts({"ok:070": 5, "reader_no_ok": 3, "reader_no_wrong:070": 4, "record_wrong:072": 1})
+    counts = PooledCounts({"ok:070": 5, "reader_no_ok:071": 3, "reader_no_wrong:070": 4, "record_wrong:072": 1})
     assert counts.at_or_above(70) == (0, 5) and counts.vouched_at_or_above(VOUCH_RECORD, 70) == (1, 1)
-    assert (counts.reader_no_ok, counts.reader_no_wrong) == (3, 4)  # unbinned (older pools) and binned
+    assert (counts.reader_no_ok, counts.reader_no_wrong) == (3, 4)
 
 
 def read_pool(bin_: int, *, same: int, other: int, yes_on_same: float, yes_on_other: float) -> dict[str, int]:
@@ -149,7 +149,7 @@ def judge_double() -> Iterator[dict[str, Any]]:
 
 
 def test_the_llm_judge_asks_the_endpoints_first_model_two_lines_and_reads_yes(judge_double: dict[str, Any]) -> None:
-    judge = LLMJudge(judge_double["url"], timeout_s=30.0)
+    judge = LLMJudge.on_endpoint(judge_double["url"], timeout_s=30.0)
 
     async def go() -> tuple[bool | None, bool | None, str]:
         yes = await judge.read(ReadPair(asked="how do I block my card", cached="please block my card"))
@@ -168,15 +168,15 @@ def test_the_llm_judge_asks_the_endpoints_first_model_two_lines_and_reads_yes(ju
 def test_a_judge_past_its_deadline_or_unreachable_gives_no_verdict(judge_double: dict[str, Any]) -> None:
     judge_double["delay"] = 2.0
     try:
-        late = read(LLMJudge(judge_double["url"], model="judge-double", timeout_s=0.2), "my card", "my card")
+        late = read(LLMJudge.on_endpoint(judge_double["url"], model="judge-double", timeout_s=0.2), "my card", "my card")
     finally:
         judge_double["delay"] = 0.0
     assert late is None
-    assert read(LLMJudge("http://127.0.0.1:1/v1", model="m", timeout_s=5.0), "my card", "my card") is None
+    assert read(LLMJudge.on_endpoint("http://127.0.0.1:1/v1", model="m", timeout_s=5.0), "my card", "my card") is None
 
 
 def test_a_rule_wrong_too_often_everywhere_is_ignored_visibly() -> None:
-    from app.cache.adaptive import rule_figures
+    from app.cache.decision.stats import rule_figures
 
     assert rule_figures(PooledCounts({}), VOUCH_READER, POLICY).status == "measuring"
     ignored = rule_figures(PooledCounts({"reader_ok:070": 180, "reader_wrong:070": 20}), VOUCH_READER, POLICY)

@@ -7,7 +7,7 @@ import base64
 import msgspec
 import pytest
 
-from app.cache.receipts import InvalidReceipt, Receipt, ResponseIds, parse_secrets
+from app.cache.learning.receipts import InvalidReceipt, Receipt, ResponseIds, parse_secrets
 
 SECRET = b"unit-test-secret-0123456789abcdef"
 DIGEST = "ab" * 32

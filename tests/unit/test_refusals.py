@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from app.policy import SemanticPolicy
+from app.policy import AdaptiveSemantic
 from bench.refusals import Logged, bucket
 
-POLICY = SemanticPolicy(threshold=0.60, accept_above=0.88, error_bound=0.01, confidence=0.85,
+POLICY = AdaptiveSemantic(threshold=0.60, accept_above=0.88, error_bound=0.01, confidence=0.85,
                         entry_confirmations=5, entry_floor=0.75, entry_margin=0.06)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.cache.verify import (
+from app.cache.decision.verify import (
     ABOVE_BAND,
     BELOW_THRESHOLD,
     ENTITIES_DIFFER,
@@ -23,7 +23,7 @@ from app.cache.verify import (
     VerifierArtifact,
 )
 from app.calibrate.fit import PairTable, decide
-from app.policy import SemanticPolicy
+from app.policy import FixedSemantic
 from app.settings import PROJECT_ROOT
 
 LEXICON = PROJECT_ROOT / "schemas" / "verification.yaml"
@@ -64,19 +64,19 @@ def test_guards_let_true_paraphrases_through(asked: str, cached: str) -> None:
 
 def test_the_refund_question_never_gets_the_invoice_answer_even_when_cosine_says_so() -> None:
     verifier = PairVerifier.from_files(LEXICON, ARTIFACT)
-    lenient = SemanticPolicy(threshold=0.0, accept_above=0.0, min_probability=0.0)
+    lenient = FixedSemantic(threshold=0.0, accept_above=0.0, min_probability=0.0)
     verdict = verifier.verify("怎么退款", "怎么开发票", 0.999, lenient)
     assert not verdict.accepted and verdict.reason == ENTITIES_DIFFER
 
 
 def test_bands() -> None:
     verifier = PairVerifier.from_files(LEXICON, ARTIFACT)
-    policy = SemanticPolicy(threshold=0.8, accept_above=0.97, min_probability=0.5)
+    policy = FixedSemantic(threshold=0.8, accept_above=0.97, min_probability=0.5)
     assert verifier.verify("How do I reset my password?", "How can I reset my password?", 0.5, policy).reason == BELOW_THRESHOLD
     assert verifier.verify("How do I reset my password?", "How can I reset my password?", 0.98, policy).reason == ABOVE_BAND
     in_band = verifier.verify("How do I reset my password?", "How can I reset my password?", 0.9, policy)
     assert in_band.reason in (VERIFIED, VERIFIER_REJECTED)
-    never = SemanticPolicy(threshold=0.8, accept_above=1.0, min_probability=1.0)
+    never = FixedSemantic(threshold=0.8, accept_above=1.0, min_probability=1.0)
     assert verifier.verify("How do I reset my password?", "How can I reset my password?", 0.9, never).reason == VERIFIER_REJECTED
     without_model = PairVerifier.from_files(LEXICON, None)
     assert not without_model.verify("How do I reset my password?", "How can I reset my password?", 0.9, policy).accepted
@@ -104,8 +104,8 @@ def test_the_vectorised_fit_decision_agrees_with_verify() -> None:
         probability=verifier.model.probability(np.array([analyzer.features(a, c, s) for (a, c), s in zip(pairs, sims, strict=True)])),
         label=np.zeros(len(pairs), dtype=int),
     )
-    for policy in (SemanticPolicy(threshold=0.8, accept_above=0.95, min_probability=0.5),
-                   SemanticPolicy(threshold=0.9, accept_above=1.0, min_probability=0.9)):
+    for policy in (FixedSemantic(threshold=0.8, accept_above=0.95, min_probability=0.5),
+                   FixedSemantic(threshold=0.9, accept_above=1.0, min_probability=0.9)):
         one_by_one = [verifier.verify(a, c, s, policy).accepted for (a, c), s in zip(pairs, sims, strict=True)]
         assert decide(table, policy).tolist() == one_by_one
 
@@ -178,7 +178,7 @@ def test_order_guards_let_reworded_questions_with_the_same_roles_through(asked: 
 
 def test_the_order_guard_rejects_in_every_band_including_above_it() -> None:
     verifier = PairVerifier(analyzer, None)
-    strict = SemanticPolicy(threshold=0.98, accept_above=0.99, min_probability=0.99)
+    strict = FixedSemantic(threshold=0.98, accept_above=0.99, min_probability=0.99)
     for asked, cached in SWAPPED[:1] + SWAPPED[10:11]:
         verdict = verifier.verify(asked, cached, 0.995, strict)
         assert not verdict.accepted and verdict.reason == ORDER_DIFFERS

@@ -18,8 +18,8 @@ from collections import Counter
 
 from redis.asyncio import Redis
 
-from app.cache.base import SharedRedis
-from app.cache.keys import FIELD_HITS, layers_key, usage_key
+from app.cache.storage.contract import SharedRedis
+from app.cache.storage.keys import FIELD_HITS, layers_key, usage_key
 
 logger = logging.getLogger("strata.usage")
 

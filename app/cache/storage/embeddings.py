@@ -16,15 +16,9 @@ from typing import Any
 import msgspec
 from redis.asyncio import Redis
 
-from app.cache.base import CACHE_ERRORS
-from app.cache.keys import (
-    FIELD_ANSWER,
-    FIELD_CREATED_AT,
-    FIELD_HITS,
-    FIELD_MODEL,
-    FIELD_TENANT,
-)
-from app.cache.version import VersionTag
+from app.cache.storage.contract import CACHE_ERRORS
+from app.cache.storage.keys import FIELD_ANSWER, FIELD_CREATED_AT, FIELD_HITS, FIELD_MODEL, FIELD_TENANT
+from app.cache.storage.version import VersionTag
 from app.metrics import Metrics
 
 _key_encoder = msgspec.json.Encoder(order="deterministic")

@@ -13,7 +13,7 @@ import logging
 
 from redis.asyncio import Redis
 
-from app.cache.keys import KEYS, Keyspace, generation_of, scope_fields, version_tag
+from app.cache.storage.keys import KEYS, Keyspace, generation_of, scope_fields, version_tag
 
 logger = logging.getLogger("strata.version")
 

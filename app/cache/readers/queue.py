@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
-from app.readers.base import READ_FAILED, READ_NO, READ_YES, Reader, ReadPair
+from app.cache.readers.base import READ_FAILED, READ_NO, READ_YES, Reader, ReadPair
 
 
 class ReadQueue:

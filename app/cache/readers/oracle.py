@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import random
 
-from app.cache.keys import normalize_text
-from app.readers.base import ReadPair
+from app.cache.readers.base import ReadPair
+from app.cache.storage.keys import normalize_text
 
 
 class OracleReader:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from redis.asyncio import Redis
 
-from app.cache.base import CacheHit, CacheQuery
-from app.cache.entry import CacheEntry, EntryWriter
-from app.cache.keys import FIELD_ANSWER, FIELD_HITS, KEYS, Keyspace, scope_fields
-from app.cache.version import CHECK_CURRENT, raise_if_moved
+from app.cache.storage.contract import CacheHit, CacheQuery
+from app.cache.storage.entry import CacheEntry, EntryWriter
+from app.cache.storage.keys import FIELD_ANSWER, FIELD_HITS, KEYS, Keyspace, scope_fields
+from app.cache.storage.version import CHECK_CURRENT, raise_if_moved
 
 EXACT = "exact"
 

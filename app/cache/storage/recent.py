@@ -11,7 +11,7 @@ from collections import deque
 
 import msgspec
 
-from app.cache.base import CacheHit, CacheQuery
+from app.cache.storage.contract import CacheHit, CacheQuery
 
 RECENT_HITS = 500
 

@@ -25,10 +25,6 @@ Redis key layout (every name readable with ``redis-cli``)::
                                            capped, cut), for the learned max_tokens
     strata:vN:sem:faq-<sha256>     HASH    a curated answer (`strata faq load`), or one of its variants
     strata:vN:faqset:<name>        SET     the keys one `strata faq load` file wrote (replaced on reload)
-    strata:vN:served:<sha256>      HASH    a question served semantically (document, root, similarity,
-                                           count), TTL from the category; written only in categories
-                                           with semantic.repeat_explore > 0 (its one reader): asked
-                                           again, the question is explored at that rate
     strata:meta:response_id_secret STRING  the secret hits' response ids are signed with, when
                                            STRATA_RESPONSE_ID_SECRETS is unset (app/cache/receipts.py)
     strata:fb:<nonce>              STRING  the verdict given on one response (POST /v1/feedback), until
@@ -106,24 +102,16 @@ FIELD_ALIASES = "aliases"
 FIELD_WRONG_ABOVE = "wrong_above"
 OBS_OK = "ok"
 OBS_WRONG = "wrong"
-# On an entry: equivalent observations of any of its documents per score bin (its own record),
-# and the operator's curated variants per similarity bin (kept apart: they vouch for nothing).
+# On an entry: equivalent observations of any of its documents per score bin (its own record).
 OBS_CONFIRMED = "confirmed"
-OBS_CURATED = "curated"
-# On an entry: answered misses a guard turned it down for, per guard (``guard_ok:numbers_differ``),
-# whose answer was the entry's or another's (semantic.guard_lift).
-OBS_GUARD_OK = "guard_ok"
-OBS_GUARD_WRONG = "guard_wrong"
-# A served question (strata:vN:served:<sha256>) and a response's receipt (app/cache/receipts.py):
-# which layer, version and document served it, at which similarity and score bin, and how often a
-# served question was served.
+# A response's receipt (app/cache/receipts.py): which layer, version and document served it, at
+# which similarity and score bin.
 FIELD_LAYER = "layer"
 FIELD_VERSION = "version"
 FIELD_DOCUMENT = "document"
 FIELD_SIMILARITY = "similarity"
 FIELD_SCORE_BIN = "score_bin"
 FIELD_VERDICT = "verdict"
-FIELD_SERVED = "served"
 OBS_EXPLORED_OK = "explored_ok"
 OBS_EXPLORED_WRONG = "explored_wrong"
 # In a pool: how the rules that vouch beside the pool fared, per score bin, counted against the
@@ -260,10 +248,6 @@ class Keyspace(msgspec.Struct, frozen=True):
     def review_item_key(self, tag: str, identifier: str) -> str:
         """One item of a review queue: both questions, both answers, the similarity."""
         return f"{self.namespace}:{tag}:review-item:{identifier}"
-
-    def served_key(self, tag: str, digest: str) -> str:
-        """A question served semantically (its entry digest): asked again, it is explored more often."""
-        return f"{self.namespace}:{tag}:served:{digest}"
 
     def observations_key(self, tag: str, category: str, tenant: str | None = None) -> str:
         """Pooled observations of an adaptive category: one tenant's (what its decisions read:

@@ -27,10 +27,15 @@ from collections.abc import Awaitable, Callable
 import msgspec
 from redis.asyncio import Redis
 
-from app.cache.adaptive import VOUCH_KINDS
-from app.cache.base import CacheQuery, Candidate
-from app.cache.judge import JUDGE_FAILED
-from app.cache.keys import (
+from app.cache.decision.stats import VOUCH_KINDS
+from app.cache.decision.verify import Confirm, PairAnalyzer
+from app.cache.learning.observations import Observation, ObservationWriter
+from app.cache.learning.review import ReviewItem, ReviewQueue, item_id
+from app.cache.readers.base import ReadPair
+from app.cache.readers.judge import JUDGE_FAILED
+from app.cache.readers.queue import ReadQueue
+from app.cache.storage.contract import CacheQuery, Candidate
+from app.cache.storage.keys import (
     FIELD_ALIASES,
     FIELD_ANSWER,
     FIELD_EXPIRES_AT,
@@ -40,71 +45,20 @@ from app.cache.keys import (
     FIELD_WRONG_ABOVE,
     KEYS,
     OBS_CONFIRMED,
-    OBS_EXPLORED_OK,
-    OBS_EXPLORED_WRONG,
-    OBS_GUARD_OK,
-    OBS_GUARD_WRONG,
-    OBS_OK,
     OBS_READER_NO_OK,
     OBS_READER_NO_WRONG,
     OBS_READER_OK,
     OBS_READER_WRONG,
-    OBS_WRONG,
     SOURCE_MODEL,
     Keyspace,
     normalize_text,
     observation_field,
 )
-from app.cache.review import ReviewItem, ReviewQueue, item_id
-from app.cache.verify import Confirm, PairAnalyzer
 from app.embed import Embedder
-from app.policy import SemanticPolicy
-from app.readers.base import ReadPair
-from app.readers.queue import ReadQueue
+from app.policy import AdaptiveSemantic
 from app.wire import decode_completion
 
 logger = logging.getLogger("strata.learning")
-
-# Pooled observations live as long as a month without a new one (they are kept fresh by use).
-POOLED_TTL_S = 30 * 86400
-
-# Counts one observation on the document (only if it still exists: a miss must never create a
-# key without TTL), in the tenant's pool of the category and in the category's figures; a wrong one
-# also raises the highest wrong similarity of the document and of its entry (so every alias of the
-# entry is vetoed there). An equivalent one also counts on the entry's own record (``confirmed:<bin>``).
-# KEYS: document, category figures, entry, tenant pool. ARGV: field, wrong (0/1), similarity x1000,
-# explored field or "", pool TTL, entry record field, what the pools count (1: all of it, 2: the
-# explored field and the rules' fields only, 0: nothing), then the
-# fields of the vouching rules' outcomes (``record_ok:<bin>``, ``reader_wrong:<bin>``, ...), if any.
-_OBSERVE = f"""
-local function raise_wrong(key)
-  if redis.call('EXISTS', key) == 0 then return end
-  local seen = tonumber(redis.call('HGET', key, '{FIELD_WRONG_ABOVE}') or '-1')
-  if tonumber(ARGV[3]) > seen then redis.call('HSET', key, '{FIELD_WRONG_ABOVE}', ARGV[3]) end
-end
-if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HINCRBY', KEYS[1], ARGV[1], 1) end
-if ARGV[2] == '1' then
-  raise_wrong(KEYS[1])
-  raise_wrong(KEYS[3])
-elseif redis.call('EXISTS', KEYS[3]) == 1 then
-  redis.call('HINCRBY', KEYS[3], ARGV[6], 1)
-end
-if ARGV[7] == '0' then return 1 end
-for _, pool in ipairs({{KEYS[2], KEYS[4]}}) do
-  if ARGV[7] == '1' then redis.call('HINCRBY', pool, ARGV[1], 1) end
-  if ARGV[4] ~= '' then redis.call('HINCRBY', pool, ARGV[4], 1) end
-  for i = 8, #ARGV do redis.call('HINCRBY', pool, ARGV[i], 1) end
-  redis.call('EXPIRE', pool, ARGV[5])
-end
-return 1
-"""
-
-# Counts, on an entry that still exists, whether a candidate a guard turned down had its answer.
-# KEYS: entry. ARGV: field (guard_ok:<guard> or guard_wrong:<guard>).
-_COUNT_GUARD = """
-if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HINCRBY', KEYS[1], ARGV[1], 1) end
-return 1
-"""
 
 # A reviewer's approval of a queued pair, on an entry that still exists: confirms it so many times
 # at one score bin, and lifts the veto the pair's own differing answer set (``wrong_above`` at
@@ -202,52 +156,6 @@ class Observed(msgspec.Struct, frozen=True, kw_only=True):
 DocumentsOf = Callable[[str, str], Awaitable[set[str]]]
 
 
-class ObservationWriter:
-    """Records one observation: on the document, the entry and the tenant's pool (the answered
-    misses of :class:`AnswerLearner`, and end users' feedback, app/cache/feedback.py).
-
-    Args:
-        redis: The Redis of the keyspace.
-        keys: The keyspace.
-    """
-
-    def __init__(self, redis: Redis, keys: Keyspace = KEYS) -> None:
-        self._keys = keys
-        self._observe = redis.register_script(_OBSERVE)
-
-    async def record(self, tag: str, category: str, tenant: str, *, document: str, root: str, similarity: float,
-                     score_bin: int, same: bool, explored: bool = False, pooled: bool = True,
-                     rules: tuple[str, ...] = (), binned: bool = True) -> None:
-        """Count whether a document's answer was right for a question at this similarity.
-
-        Args:
-            tag: The version tag.
-            category: The category.
-            tenant: Whose question (the pool it counts in).
-            document: The document that matched (an entry or an alias).
-            root: Its entry.
-            similarity: The two questions' cosine similarity.
-            score_bin: The decision score's bin.
-            same: Whether the answer was right; a wrong one vetoes the document and its entry for
-                candidates at this similarity or below (``wrong_above``).
-            explored: Whether it was an explored would-be hit (the live precision counts those).
-            pooled: Whether the tenant's pool counts it (a user's "right" on a served hit does not:
-                served hits are no fair sample, and a user's votes must not loosen what others get).
-            rules: Pool fields of the vouching rules this observation measures (``record_ok:087``).
-            binned: Whether the pool's own ``ok:<bin>`` / ``wrong:<bin>`` count it: not for a
-                candidate a rule vouched for (a sample the rule chose, not the pool's: counted, it
-                would loosen the pool's bound for every candidate at that score).
-        """
-        field = observation_field(OBS_OK if same else OBS_WRONG, score_bin)
-        explored_field = (OBS_EXPLORED_OK if same else OBS_EXPLORED_WRONG) if explored else ""
-        await self._observe(
-            keys=[document, self._keys.observations_key(tag, category), root,
-                  self._keys.observations_key(tag, category, tenant)],
-            args=[field, "0" if same else "1", round(similarity * 1000), explored_field, POOLED_TTL_S,
-                  observation_field(OBS_CONFIRMED, score_bin), ("1" if binned else "2") if pooled else "0", *rules],
-        )
-
-
 class AnswerLearner:
     """Turns each answered miss with a candidate into an observation, and maybe an alias.
 
@@ -277,15 +185,14 @@ class AnswerLearner:
         self.observations = ObservationWriter(redis, keys)
         self._alias = redis.register_script(_ALIAS)
         self._merge = redis.register_script(_MERGE)
-        self._count_guard = redis.register_script(_COUNT_GUARD)
         self._approve = redis.register_script(_APPROVE)
         self._review = review
 
-    async def equivalent(self, cached: bytes, fresh: bytes, policy: SemanticPolicy) -> bool:
+    async def equivalent(self, cached: bytes, fresh: bytes, policy: AdaptiveSemantic) -> bool:
         """Whether two answers say the same (see :meth:`equivalents`)."""
         return (await self.equivalents(fresh, [cached], policy))[0]
 
-    async def equivalents(self, fresh: bytes, cached: list[bytes], policy: SemanticPolicy) -> list[bool]:
+    async def equivalents(self, fresh: bytes, cached: list[bytes], policy: AdaptiveSemantic) -> list[bool]:
         """Whether each cached answer says the same as the fresh one: equal once normalised; else
         the same numbers and either embeddings at least ``answer_threshold`` alike or the shorter
         answer's content words at least ``answer_overlap`` found in the other. The answers left
@@ -327,14 +234,12 @@ class AnswerLearner:
         """Record what the candidate would have been worth; alias the new question to it when
         the answers are equivalent (or, with ``judge: async``, when the judge says yes), else
         to a neighbouring entry whose answer is; merge the neighbouring entries of that answer.
-        A candidate a guard turned down (and a nearer document one turned down) teaches its entry
-        whether that guard matters for it (``guard_ok:<guard>`` / ``guard_wrong:<guard>``), not
-        the category's pool.
 
         Returns:
             What was learnt; ``None`` when the judge failed (nothing recorded).
         """
         policy = query.category.semantic
+        assert isinstance(policy, AdaptiveSemantic)
         neighbours = candidate.neighbours if self._documents_of is not None else ()
         judged = policy.judge_after_miss and self._judge is not None and query.canonical.question is not None
         if candidate.source != SOURCE_MODEL and not judged:
@@ -348,24 +253,14 @@ class AnswerLearner:
                 return None
             same, neighbours = verdict.accepted, ()  # the judge speaks of questions, not answers
         else:
-            turned = [candidate.turned_down.answer] if candidate.turned_down is not None else []
-            verdicts = await self.equivalents(fresh, [candidate.answer, *turned] + [n.answer for n in neighbours], policy)
-            if candidate.turned_down is not None:
-                turned_down, turned_same = candidate.turned_down, verdicts.pop(1)
-                await self._count_guard(keys=[turned_down.root],
-                                        args=[f"{OBS_GUARD_OK if turned_same else OBS_GUARD_WRONG}:{turned_down.guard}"])
+            verdicts = await self.equivalents(fresh, [candidate.answer] + [n.answer for n in neighbours], policy)
             same, neighbours = verdicts[0], tuple(n for n, ok in zip(neighbours, verdicts[1:], strict=True) if ok)
-        if candidate.guard:
-            # Whether the guard mattered for this entry; also once lifted, so a miss with another
-            # answer puts it back.
-            await self._count_guard(keys=[candidate.root],
-                                    args=[f"{OBS_GUARD_OK if same else OBS_GUARD_WRONG}:{candidate.guard}"])
-        if not candidate.guard or candidate.guard_lifted:
-            rules = await self._rules_measured(query, candidate, same)
-            await self.observations.record(query.version, query.category.name, query.canonical.tenant,
-                                           document=candidate.key, root=candidate.root, similarity=candidate.similarity,
-                                           score_bin=candidate.score_bin, same=same, explored=candidate.explored,
-                                           rules=rules, binned=not candidate.vouched)
+        rules = await self._rules_measured(query, candidate, same)
+        kind = Observation.VOUCHED_MISS if candidate.vouched else Observation.ANSWERED_MISS
+        await self.observations.record(kind, query.version, query.category.name, query.canonical.tenant,
+                                       document=candidate.key, root=candidate.root, similarity=candidate.similarity,
+                                       score_bin=candidate.score_bin, same=same, explored=candidate.explored,
+                                       rules=rules)
         if not same and candidate.refused and not candidate.explored and self._review is not None \
                 and query.canonical.question is not None:
             await self._queue_for_review(query, candidate, fresh)
@@ -392,7 +287,7 @@ class AnswerLearner:
             cached_answer=answer_text(candidate.answer) or "", similarity=round(candidate.similarity, 4),
             score_bin=candidate.score_bin, reason=candidate.refused))
 
-    async def settle_review(self, tag: str, item: ReviewItem, approved: bool, policy: SemanticPolicy) -> bool:
+    async def settle_review(self, tag: str, item: ReviewItem, approved: bool, policy: AdaptiveSemantic) -> bool:
         """A reviewer's verdict on a queued pair, as observations with the reviewer as source.
 
         Approved: the asked question's document becomes an alias of the candidate's entry, and the
@@ -406,9 +301,9 @@ class AnswerLearner:
             Whether the verdict took effect (``False``: the entry is gone, or the alias cap is full).
         """
         if not approved:
-            await self.observations.record(tag, item.category, item.tenant, document=item.document, root=item.root,
-                                           similarity=item.similarity, score_bin=item.score_bin, same=False,
-                                           pooled=False)
+            await self.observations.record(Observation.REVIEW, tag, item.category, item.tenant, document=item.document,
+                                           root=item.root, similarity=item.similarity, score_bin=item.score_bin,
+                                           same=False)
             return True
         aliased = int(await self._alias(keys=[item.asked_document, item.root], args=[policy.max_aliases]))
         if aliased != 1:
@@ -437,7 +332,7 @@ class AnswerLearner:
                 rules.append(observation_field(OBS_READER_NO_OK if same else OBS_READER_NO_WRONG, candidate.score_bin))
         return tuple(rules)
 
-    async def merge(self, tag: str, entry: str, other: str, policy: SemanticPolicy) -> int:
+    async def merge(self, tag: str, entry: str, other: str, policy: AdaptiveSemantic) -> int:
         """Merge entry ``other`` into ``entry`` (their answers are equivalent); 1 if it was merged.
 
         Atomic per call; an alias added to ``other`` between reading its documents and the

@@ -16,8 +16,8 @@ import msgspec
 from redis.asyncio import Redis
 from redis.typing import EncodableT
 
-from app.cache.base import CacheQuery, CorruptEntry
-from app.cache.keys import (
+from app.cache.storage.contract import CacheQuery, CorruptEntry
+from app.cache.storage.keys import (
     FIELD_ANSWER,
     FIELD_CATEGORY,
     FIELD_CREATED_AT,
@@ -36,7 +36,7 @@ from app.cache.keys import (
     Keyspace,
     scope_fields,
 )
-from app.cache.version import CHECK_CURRENT, raise_if_moved
+from app.cache.storage.version import CHECK_CURRENT, raise_if_moved
 
 _INTEGER_FIELDS = (FIELD_CREATED_AT, FIELD_EXPIRES_AT, FIELD_HITS)
 

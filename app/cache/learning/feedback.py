@@ -1,9 +1,7 @@
 """End users' feedback on served answers (issue #24), named by the hit's receipt (issue #32).
 
 Every hit gets a response id (its body's ``id`` and the ``X-Cache-Response-Id`` header) that
-carries what served it, signed (app/cache/receipts.py): serving a hit writes nothing to Redis. A
-semantic hit in a category that explores repeats also marks the question as served
-(``strata:vN:served:<sha256>``), so the adaptive decision explores its repeats more often.
+carries what served it, signed (app/cache/receipts.py): serving a hit writes nothing to Redis.
 
 ``POST /v1/feedback`` with that id and a verdict applies it at once, in the bucket that holds the
 document:
@@ -32,11 +30,11 @@ from typing import Literal
 import msgspec
 from redis.asyncio import Redis
 
-from app.cache.base import CacheHit, CacheQuery, SharedRedis
-from app.cache.invalidation import AuditLog, Invalidated
-from app.cache.keys import FIELD_DOCUMENT, FIELD_ROOT, FIELD_SERVED, FIELD_SIMILARITY, Keyspace, verdict_key
-from app.cache.learning import ObservationWriter
-from app.cache.receipts import InvalidReceipt, Receipt, ResponseIds
+from app.cache.learning.observations import Observation, ObservationWriter
+from app.cache.learning.receipts import InvalidReceipt, Receipt, ResponseIds
+from app.cache.storage.contract import SharedRedis
+from app.cache.storage.invalidation import AuditLog, Invalidated
+from app.cache.storage.keys import verdict_key
 
 logger = logging.getLogger("strata.feedback")
 
@@ -65,37 +63,6 @@ class FeedbackError(Exception):
     def __init__(self, message: str, status: int) -> None:
         super().__init__(message)
         self.status = status
-
-
-class ServedQuestions:
-    """The questions of one bucket served semantically, in the categories that explore repeats.
-
-    ``semantic.repeat_explore`` is this memory's one reader; a category without it writes
-    nothing here, so a hit there writes nothing at all (issue #32).
-
-    Args:
-        redis: The bucket's Redis.
-        keys: The bucket's keyspace.
-    """
-
-    def __init__(self, redis: Redis, keys: Keyspace) -> None:
-        self._redis = redis
-        self._keys = keys
-
-    @staticmethod
-    def wanted(query: CacheQuery, hit: CacheHit) -> bool:
-        """Whether a hit is remembered: a semantic hit in a category that explores repeats."""
-        return hit.layer == SEMANTIC and query.category.semantic.repeat_explore > 0
-
-    async def remember(self, query: CacheQuery, hit: CacheHit) -> None:
-        """Mark a semantically served question (one pipeline, off the request path)."""
-        key = self._keys.served_key(query.version, query.entry_digest)
-        async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.hset(key, mapping={FIELD_DOCUMENT: hit.document or hit.key or "", FIELD_ROOT: hit.key or "",
-                                    FIELD_SIMILARITY: round(hit.similarity or 1.0, 4)})
-            pipe.hincrby(key, FIELD_SERVED, 1)
-            pipe.expire(key, query.category.ttl_seconds)
-            await pipe.execute()
 
 
 class Verdicts:
@@ -190,9 +157,9 @@ class Feedback:
             deleted = int(await target.redis.unlink(served.document, same_question)) if wrong else 0
             applied = "deleted the exact entry" if deleted else "nothing to change" if wrong else "noted"
         else:
-            await target.observations.record(served.version, served.category, served.tenant, document=served.document,
-                                             root=served.root, similarity=served.similarity, score_bin=served.score_bin,
-                                             same=not wrong, pooled=wrong)
+            await target.observations.record(Observation.FEEDBACK, served.version, served.category, served.tenant,
+                                             document=served.document, root=served.root, similarity=served.similarity,
+                                             score_bin=served.score_bin, same=not wrong)
             applied = (f"vetoed {'the entry' if served.document == served.root else 'the alias and its entry'} at "
                        f"similarity {served.similarity:.3f} and below; a wrong observation at bin {served.score_bin}"
                        if wrong else f"a confirmation of the entry at bin {served.score_bin}")

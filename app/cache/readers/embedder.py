@@ -25,7 +25,7 @@ from typing import Protocol
 import numpy as np
 import openai
 
-from app.readers.base import ReadPair, first_model
+from app.cache.readers.base import ReadPair, first_model
 
 logger = logging.getLogger("strata.readers")
 

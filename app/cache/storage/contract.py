@@ -11,8 +11,8 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 from redisvl.exceptions import RedisVLError
 
-from app.cache.keys import NO_GENERATION, CanonicalRequest, with_generation
-from app.cache.version import StaleScope, StaleVersion
+from app.cache.storage.keys import NO_GENERATION, CanonicalRequest, with_generation
+from app.cache.storage.version import StaleScope, StaleVersion
 from app.policy import CategoryPolicy, SemanticPolicy
 
 __all__ = [
@@ -121,21 +121,6 @@ class Neighbour(msgspec.Struct, frozen=True, kw_only=True):
     answer: bytes
 
 
-class TurnedDown(msgspec.Struct, frozen=True, kw_only=True):
-    """A nearer document a guard turned down: the miss's answer says whether the guard mattered
-    for its entry (``semantic.guard_lift``).
-
-    Attributes:
-        root: Its entry.
-        answer: Its answer.
-        guard: The guard.
-    """
-
-    root: str
-    answer: bytes
-    guard: str
-
-
 class Candidate(msgspec.Struct, frozen=True, kw_only=True):
     """The nearest cached question a layer did not serve, worth learning from once the model
     has answered (app/cache/learning.py).
@@ -149,20 +134,14 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
         score_bin: The decision score's bin (similarity and margin, x100).
         explored: Whether it would have been served and was sent upstream to check the estimate.
         neighbours: Other entries of the model's answers among the nearest documents (a few).
-        guard: The guard that turned it down ("" if none did): the miss teaches the entry
-            whether that guard matters for it (``semantic.guard_lift``).
-        guard_lifted: Whether the entry has outgrown that guard, so the candidate was decided
-            as any other.
-        turned_down: The nearest document a guard turned down before this candidate, if any.
         source: ``model`` or ``faq``: a curated answer is not judged by the model's answer.
-        repeat: Whether this question was served semantically before (explored more often).
         vouched: The rule that vouched for it beside the pool (``record``, ``reader``; "" if
             none): the model's answer counts for or against that rule.
         read: Whether the reader is to read it after the response (not trusted here yet).
         reader_said_no: Whether a reader trusted here said no on the request path: the model's
             answer measures that no, as it measures a read after the response.
-        refused: Why the decision refused it (``outside_bound``, ``record_unproven``,
-            ``reader_rejected``; "" when it was not refused by the decision): such a candidate
+        refused: Why the decision refused it (``outside_bound``, ``reader_rejected``, ...; ""
+            when it was served or explored): such a candidate
             whose answers disagree goes to the review queue.
     """
 
@@ -174,11 +153,7 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
     score_bin: int
     explored: bool = False
     neighbours: tuple[Neighbour, ...] = ()
-    guard: str = ""
-    guard_lifted: bool = False
-    turned_down: TurnedDown | None = None
     source: str = "model"
-    repeat: bool = False
     vouched: str = ""
     read: bool = False
     reader_said_no: bool = False

@@ -34,8 +34,8 @@ from collections.abc import Sequence
 
 import msgspec
 
-from app.cache.base import CacheHit, CacheQuery, SharedRedis
-from app.cache.keys import RESPONSE_SECRET_KEY
+from app.cache.storage.contract import CacheHit, CacheQuery, SharedRedis
+from app.cache.storage.keys import RESPONSE_SECRET_KEY
 
 logger = logging.getLogger("strata.receipts")
 

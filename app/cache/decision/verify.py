@@ -36,10 +36,10 @@ import msgspec
 import numpy as np
 import yaml
 
-from app.cache.base import Verdict, Verifier
-from app.cache.judge import JUDGE_FAILED
-from app.cache.keys import normalize_text
-from app.policy import SemanticPolicy
+from app.cache.readers.judge import JUDGE_FAILED
+from app.cache.storage.contract import Verdict, Verifier
+from app.cache.storage.keys import normalize_text
+from app.policy import FixedSemantic, SemanticPolicy
 from app.settings import Settings
 
 # Reasons, as they appear in metrics and the X-Cache-Verdict header.
@@ -585,6 +585,8 @@ class PairVerifier:
             return Verdict(False, rejection)
         if similarity >= policy.accept_above:
             return Verdict(True, ABOVE_BAND)
+        if not isinstance(policy, FixedSemantic):
+            return Verdict(False, OUTSIDE_BOUND)  # an adaptive category has no verifier: its cold start
         if self._probability(asked_profile, cached_profile, similarity) >= policy.min_probability:
             return Verdict(True, VERIFIED)
         return Verdict(False, VERIFIER_REJECTED)

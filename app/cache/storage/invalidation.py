@@ -19,9 +19,10 @@ from typing import Any, Protocol
 import msgspec
 from redis.asyncio import Redis
 
-from app.cache.base import CacheHit, CacheQuery, SharedRedis
-from app.cache.exact import exact_key
-from app.cache.keys import (
+from app.cache.semantic import SemanticCache
+from app.cache.storage.contract import CacheHit, CacheQuery, SharedRedis
+from app.cache.storage.exact import exact_key
+from app.cache.storage.keys import (
     AUDIT_KEY,
     FAQ_SET_NAME,
     FIELD_CATEGORY,
@@ -38,8 +39,7 @@ from app.cache.keys import (
     generation_of,
     scope_fields,
 )
-from app.cache.semantic import SemanticCache
-from app.cache.version import ScopeGenerations, VersionTag
+from app.cache.storage.version import ScopeGenerations, VersionTag
 from app.policy import Policy, UnknownCategory
 from app.wire import ChatCompletionRequest
 

@@ -30,7 +30,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisClusterException, RedisError
 from redis.retry import Retry
 
-from app.cache.keys import BUCKETS_KEY, KEYS, Keyspace, as_text
+from app.cache.storage.keys import BUCKETS_KEY, KEYS, Keyspace, as_text
 from app.settings import RedisSettings
 
 logger = logging.getLogger("strata.buckets")

@@ -27,7 +27,7 @@ import hashlib
 import msgspec
 from redis.asyncio import Redis
 
-from app.cache.keys import KEYS, Keyspace, as_text
+from app.cache.storage.keys import KEYS, Keyspace, as_text
 
 REVIEW_MAX_ITEMS = 500
 REVIEW_TTL_S = 7 * 86400

@@ -1,0 +1,164 @@
+"""The adaptive decision: whether a semantic candidate is served, under an error bound (#10).
+
+Every miss is answered by the model anyway, so what the nearest cached question *would* have
+served can be compared with the fresh answer for free (app/cache/learning.py records it). This
+module reads those observations back and decides, for one KNN result, in one call
+(:meth:`AdaptiveDecision.decide`): the rows of the band, most similar first, go through the
+category's ordered rules (app/cache/rules.py); the first row a guard does not set aside is
+ruled on and is the lookup's one candidate, served, explored or learnt from. The same
+observations give the category's live precision (:meth:`AdaptiveDecision.precision`).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+
+import msgspec
+from redis.asyncio import Redis
+
+from app.cache.decision.candidates import answer_bytes, check_row, neighbours_of, root_of, source_of
+from app.cache.decision.rules import Explore, Facts, Rule, Ruling, rules_for
+from app.cache.decision.stats import (
+    PooledCounts,
+    PooledObservations,
+    Precision,
+    decision_score,
+    rule_figures,
+    score_bin,
+    wilson_upper,
+    z_of,
+)
+from app.cache.decision.verify import CandidateCheck
+from app.cache.readers.base import Reader
+from app.cache.storage.contract import CacheQuery, Candidate, Nearest
+from app.cache.storage.keys import KEYS, SOURCE_MODEL, VOUCH_READER, VOUCH_RECORD, Keyspace
+from app.policy import AdaptiveSemantic
+
+
+class Serve(msgspec.Struct, frozen=True, kw_only=True):
+    """A candidate the decision serves.
+
+    Attributes:
+        row: The document that matched.
+        reason: Why (the serving rule's reason: ``within_bound``, ``entry_record``, ...).
+        score_bin: Its decision score's bin (what an observation of it counts under).
+    """
+
+    row: Nearest
+    reason: str
+    score_bin: int
+
+
+class AdaptiveDecision:
+    """An adaptive category's decision on the nearest documents of a question.
+
+    Args:
+        redis: The Redis holding the entries (their records are read for would-be hits only).
+        check: The guards, and where every verdict is counted.
+        pooled: The pooled observations of the keyspace.
+        keys: The keyspace.
+        seed: Seed of the exploration draws: random across questions and across repeats of one
+            question, and seeded, so that a replay of a stream in one process makes the same draws.
+        reader: The reader of the grey zone (app/readers); ``None``: none, whatever the policy says.
+        on_read: Counts a synchronous reader's verdict ``(reader name, yes|no|failed)``.
+    """
+
+    def __init__(self, redis: Redis, check: CandidateCheck, pooled: PooledObservations, *, seed: int = 0,
+                 keys: Keyspace = KEYS, reader: Reader | None = None,
+                 on_read: Callable[[str, str], None] | None = None) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._check = check
+        self.pooled = pooled
+        self._explore = Explore(random.Random(seed).random)
+        self.reader = reader
+        self._on_read = on_read or (lambda reader, verdict: None)
+        self._rules: dict[AdaptiveSemantic, tuple[Rule, ...]] = {}
+
+    def rules(self, policy: AdaptiveSemantic) -> tuple[Rule, ...]:
+        """The category's ordered rules (built once per policy)."""
+        rules = self._rules.get(policy)
+        if rules is None:
+            rules = self._rules[policy] = rules_for(policy, self._check, self._redis, self.reader, self._on_read)
+        return rules
+
+    async def decide(self, query: CacheQuery, question: str, rows: Sequence[Nearest]) -> Serve | Candidate | None:
+        """Rule on the nearest row of the band no guard sets aside.
+
+        Args:
+            query: The planned query (its category is adaptive).
+            question: The asked question.
+            rows: The KNN result, most similar first.
+
+        Returns:
+            The candidate to serve; or one to learn from once the model has answered (not
+            served, or explored); or ``None`` (nothing in the band, or every row guarded).
+
+        Raises:
+            CorruptEntry: A document in the band lacks its question or answer (a cache failure).
+        """
+        policy = query.category.semantic
+        assert isinstance(policy, AdaptiveSemantic)
+
+        async def pool() -> PooledCounts:
+            return await self.pooled.counts(query.version, query.category.name, query.canonical.tenant)
+
+        for row in rows:
+            if row.similarity < policy.threshold:
+                return None  # the band's floor: the rest are below too
+            check_row(row)
+            root = root_of(row)
+            others = [other.similarity for other in rows if root_of(other) != root]
+            score = decision_score(row.similarity, max(others) if others else None, policy.threshold)
+            facts = Facts(query=query, question=question, row=row, root=root, score=score,
+                          score_bin=score_bin(score), pool=pool)
+            ruling = await self._rule(facts)
+            if ruling.next_row:
+                self._check.held(ruling.verdict.reason)
+                continue
+            self._check.count(ruling.verdict)
+            return self._outcome(facts, ruling, rows, policy)
+        return None
+
+    async def _rule(self, facts: Facts) -> Ruling:
+        for rule in self.rules(facts.policy):
+            ruling = await rule(facts)
+            if ruling is not None:
+                return ruling
+        raise AssertionError("the last rule always rules")
+
+    def _outcome(self, facts: Facts, ruling: Ruling, rows: Sequence[Nearest],
+                 policy: AdaptiveSemantic) -> Serve | Candidate:
+        row, verdict = facts.row, ruling.verdict
+        candidate = Candidate(
+            key=row.key, root=facts.root, question=facts.cached_question, similarity=row.similarity,
+            score_bin=facts.score_bin, answer=answer_bytes(row),
+            neighbours=neighbours_of(facts.root, row, rows, policy.threshold), source=source_of(row),
+            vouched=ruling.vouched, read=facts.read_later,
+            reader_said_no=self._explore.reader_no_kept(ruling, policy),
+            refused="" if verdict.accepted else verdict.reason)
+        if self._explore.explored(ruling, candidate.source, policy):
+            return msgspec.structs.replace(candidate, explored=True)
+        if verdict.accepted:
+            return Serve(row=row, reason=verdict.reason, score_bin=facts.score_bin)
+        return candidate
+
+    async def precision(self, tag: str, category: str, policy: AdaptiveSemantic, tenant: str | None = None) -> Precision:
+        """The category's live figures over every tenant (or one tenant's pool): the explored
+        would-be hits estimate the error of served hits."""
+        counts = await self.pooled.counts(tag, category, tenant)
+        explored = counts.explored_ok + counts.explored_wrong
+        upper = wilson_upper(counts.explored_wrong, explored, z_of(policy.confidence)) if explored else None
+        wrong, total = counts.at_or_above(0)
+        enough = explored >= 1 / policy.error_bound
+        status = "too_few_explored" if not enough else "above_bound" if (upper or 0.0) > policy.error_bound \
+            else "within_bound"
+        return Precision(error_bound=policy.error_bound, observations=total, observed_wrong=wrong, explored=explored,
+                         explored_wrong=counts.explored_wrong, error_upper_bound=upper, status=status,
+                         record=rule_figures(counts, VOUCH_RECORD, policy),
+                         reader=rule_figures(counts, VOUCH_READER, policy) if self.reader is not None else None,
+                         reader_no=(counts.reader_no_ok, counts.reader_no_wrong))
+
+
+__all__ = ["SOURCE_MODEL", "AdaptiveDecision", "Serve"]

@@ -1,0 +1,344 @@
+"""The adaptive decision as an ordered list of rules (issue #45).
+
+A candidate (one KNN row in the band, most similar first) goes through the rules in order; the
+first rule that rules on it decides, and the rest never see it. A rule that has nothing to say
+passes. The list of a category is built from its policy in one place (:func:`rules_for`), and
+:data:`RULE_TABLE` says for each rule its reasons (``X-Cache-Verdict``), what it reads and what
+its verdict is counted as; docs/SEMANTIC.md shows the same table (a test keeps them equal).
+
+    band floor -> guards -> document veto -> curated wording -> pool (and prior) -> entry record
+               -> reader -> outside the bound;  then, for a serve: explore
+
+A new rule is one class here and one line in :func:`rules_for`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import msgspec
+from redis.asyncio import Redis
+
+from app.cache.decision.candidates import same_wording, source_of
+from app.cache.decision.stats import (
+    MARGIN_WEIGHT,
+    PooledCounts,
+    entry_record_fields,
+    entry_vouches,
+    milli,
+    prior_has_evidence,
+    reader_trusted,
+    within_bound,
+)
+from app.cache.decision.verify import (
+    ABOVE_BAND,
+    CURATED_WORDING,
+    ENTRY_RECORD,
+    OUTSIDE_BOUND,
+    READER_ACCEPTED,
+    READER_REJECTED,
+    WITHIN_BOUND,
+    WRONG_BEFORE,
+    CandidateCheck,
+)
+from app.cache.readers.base import READ_FAILED, READ_NO, READ_YES, Reader, ReadPair
+from app.cache.storage.contract import CacheQuery, Nearest, Verdict
+from app.cache.storage.keys import FIELD_QUESTION, FIELD_WRONG_ABOVE, SOURCE_MODEL, VOUCH_READER, VOUCH_RECORD
+from app.policy import AdaptiveSemantic
+
+
+class Ruling(msgspec.Struct, frozen=True, kw_only=True):
+    """What a rule decided about a candidate.
+
+    Attributes:
+        verdict: Served or not, and why (the reason is ``X-Cache-Verdict`` and the metrics' label).
+        vouched: The rule that vouched beside the pool (``record``, ``reader``; "" for none): the
+            model's answer to an explored or refused candidate counts for or against that rule.
+        next_row: The candidate is set aside and the next row is considered (a guard).
+    """
+
+    verdict: Verdict
+    vouched: str = ""
+    next_row: bool = False
+
+
+def serve(reason: str, vouched: str = "") -> Ruling:
+    return Ruling(verdict=Verdict(True, reason), vouched=vouched)
+
+
+def refuse(reason: str) -> Ruling:
+    return Ruling(verdict=Verdict(False, reason))
+
+
+@dataclass
+class Facts:
+    """One candidate as the rules see it; the pool is read once, by the first rule that needs it.
+
+    Attributes:
+        query: The planned query (an adaptive category's).
+        question: The asked question.
+        row: The candidate's document.
+        root: The entry whose answer it serves.
+        score: Its decision score (similarity plus half its margin over another answer).
+        score_bin: That score's bin.
+        read_later: Set by the reader rule: the reader reads it after the response (it is not
+            trusted at this score yet), and its verdict is counted against the model's answer.
+    """
+
+    query: CacheQuery
+    question: str
+    row: Nearest
+    root: str
+    score: float
+    score_bin: int
+    pool: Callable[[], Awaitable[PooledCounts]]
+    read_later: bool = False
+    _counts: PooledCounts | None = field(default=None, repr=False)
+
+    @property
+    def policy(self) -> AdaptiveSemantic:
+        policy = self.query.category.semantic
+        assert isinstance(policy, AdaptiveSemantic)
+        return policy
+
+    @property
+    def similarity(self) -> float:
+        return self.row.similarity
+
+    @property
+    def cached_question(self) -> str:
+        return str(self.row.fields[FIELD_QUESTION])
+
+    @property
+    def is_entry(self) -> bool:
+        return self.root == self.row.key
+
+    async def counts(self) -> PooledCounts:
+        """The tenant's pool in the category (read once per candidate)."""
+        if self._counts is None:
+            self._counts = await self.pool()
+        return self._counts
+
+
+class Described:
+    """What the rule table says of a step: its name, verdicts, what it reads and what it counts."""
+
+    name: ClassVar[str]
+    reasons: ClassVar[tuple[str, ...]] = ()
+    reads: ClassVar[str]
+    counts: ClassVar[str]
+
+
+class Rule(Described):
+    """One job in the decision: rule on a candidate, or pass (``None``)."""
+
+    async def __call__(self, facts: Facts) -> Ruling | None:
+        raise NotImplementedError
+
+
+class Guards(Rule):
+    """A guard (different numbers, values, entities; negation; opposite operations; another order)
+    sets the row aside; the next row of the band is considered."""
+
+    name = "guards"
+    reasons = ("numbers_differ", "values_differ", "order_differs", "negation_differs", "opposite_operations",
+               "entities_differ")
+    reads = "both questions (schemas/verification.yaml)"
+    counts = "`strata_semantic_verifications_total{decision=reject}`; nothing learnt"
+
+    def __init__(self, check: CandidateCheck) -> None:
+        self._check = check
+
+    async def __call__(self, facts: Facts) -> Ruling | None:
+        guard = self._check.guard(facts.question, facts.cached_question)
+        return Ruling(verdict=Verdict(False, guard), next_row=True) if guard else None
+
+
+class DocumentVeto(Rule):
+    """The document was wrong at this similarity or above (an answered miss, feedback or a
+    reviewer's no): never served there."""
+
+    name = "document veto"
+    reasons = (WRONG_BEFORE,)
+    reads = "the document's `wrong_above` (in the KNN row)"
+    counts = "the answered miss: an observation in the pool"
+
+    async def __call__(self, facts: Facts) -> Ruling | None:
+        vetoed = milli(facts.similarity) <= int(facts.row.fields.get(FIELD_WRONG_ABOVE) or -1)
+        return refuse(WRONG_BEFORE) if vetoed else None
+
+
+class EntryVeto:
+    """Whether the entry of an alias was vetoed at this similarity (any of its documents was
+    wrong there): read only when a rule would serve, so that misses cost no round trip."""
+
+    def __init__(self, redis: Redis) -> None:
+        self._redis = redis
+
+    async def vetoed(self, facts: Facts) -> bool:
+        if facts.is_entry:
+            return False
+        return milli(facts.similarity) <= int(await self._redis.hget(facts.root, FIELD_WRONG_ABOVE) or -1)
+
+
+class CuratedWording(Rule):
+    """A curated answer's own question or variant, up to case, spaces and punctuation: the
+    operator wrote that answer for those words, so no measurement is needed."""
+
+    name = "curated wording"
+    reasons = (CURATED_WORDING, WRONG_BEFORE)
+    reads = "the document's source and question; its entry's `wrong_above` for a variant"
+    counts = "nothing (a model's answer does not judge a curated one); feedback may veto it"
+
+    def __init__(self, entry_veto: EntryVeto) -> None:
+        self._entry_veto = entry_veto
+
+    async def __call__(self, facts: Facts) -> Ruling | None:
+        if source_of(facts.row) == SOURCE_MODEL or not same_wording(facts.question, facts.cached_question):
+            return None
+        return refuse(WRONG_BEFORE) if await self._entry_veto.vetoed(facts) else serve(CURATED_WORDING)
+
+
+class Pool(Rule):
+    """The tenant's pooled observations at this score or above keep wrong hits under the bound
+    (Wilson upper bound); from ``accept_above`` on, the prior: merely not refuted (lower bound),
+    and with ``prior_evidence`` only once the pool has 1 / error_bound observations there or the
+    two questions share their content words."""
+
+    name = "pool"
+    reasons = (WITHIN_BOUND, ABOVE_BAND, WRONG_BEFORE)
+    reads = "`strata:vN:obs:<category>:<tenant>` (`ok:<bin>`, `wrong:<bin>`); the entry's `wrong_above` for an alias"
+    counts = "an explored serve: `explored_ok`/`explored_wrong` and its bin in the pool"
+
+    def __init__(self, check: CandidateCheck, entry_veto: EntryVeto) -> None:
+        self._check = check
+        self._entry_veto = entry_veto
+
+    async def __call__(self, facts: Facts) -> Ruling | None:
+        policy, counts = facts.policy, await facts.counts()
+        prior = facts.similarity >= policy.accept_above and (
+            not policy.prior_evidence or prior_has_evidence(counts, facts.score_bin, policy)
+            or self._check.same_content(facts.question, facts.cached_question))
+        if not within_bound(counts, facts.score_bin, policy, prior=prior):
+            return None
+        if await self._entry_veto.vetoed(facts):
+            return refuse(WRONG_BEFORE)
+        return serve(ABOVE_BAND if prior else WITHIN_BOUND)
+
+
+class EntryRecord(Rule):
+    """Below what the pool allows: the entry's answer was confirmed ``entry_confirmations`` times
+    at scores no higher than the candidate's, no other answer is within ``entry_margin``, and the
+    entry was never wrong near this similarity."""
+
+    name = "entry record"
+    reasons = (ENTRY_RECORD,)
+    reads = "the entry's `confirmed:<bin>` and `wrong_above` (one HMGET)"
+    counts = "an explored serve: `record_ok:<bin>`/`record_wrong:<bin>` (not the pool's own bins)"
+
+    def __init__(self, redis: Redis) -> None:
+        self._redis = redis
+
+    async def __call__(self, facts: Facts) -> Ruling | None:
+        policy = facts.policy
+        margin = (facts.score - facts.similarity) / MARGIN_WEIGHT
+        if policy.entry_confirmations <= 0 or facts.score < policy.entry_floor or margin < policy.entry_margin:
+            return None
+        values = await self._redis.hmget(facts.root, entry_record_fields(policy.threshold, facts.score_bin))
+        return serve(ENTRY_RECORD, VOUCH_RECORD) if entry_vouches(values, facts.similarity, policy) else None
+
+
+class ReaderRule(Rule):
+    """A reader of the grey zone (``semantic.reader``): where its yes was measured within the
+    bound (``serve``), asked now with its deadline; elsewhere marked to be read after the
+    response, its verdict counted against the model's answer."""
+
+    name = "reader"
+    reasons = (READER_ACCEPTED, READER_REJECTED)
+    reads = "the pool's `reader_*:<bin>` rates; the reader (on the request path only where trusted)"
+    counts = "`reader_ok`/`reader_wrong` (yes), `reader_no_ok`/`reader_no_wrong` (no, sampled at the explore rate)"
+
+    def __init__(self, reader: Reader, on_read: Callable[[str, str], None]) -> None:
+        self._reader = reader
+        self._on_read = on_read
+
+    async def __call__(self, facts: Facts) -> Ruling | None:
+        policy = facts.policy
+        if policy.reader == "off":
+            return None
+        if policy.reader != "serve" or not reader_trusted(await facts.counts(), facts.score_bin, policy):
+            facts.read_later = source_of(facts.row) == SOURCE_MODEL
+            return None
+        said = await self._reader.read(ReadPair(asked=facts.question, cached=facts.cached_question,
+                                                model=facts.query.canonical.model, similarity=facts.similarity))
+        self._on_read(self._reader.name, READ_FAILED if said is None else READ_YES if said else READ_NO)
+        if said:
+            return serve(READER_ACCEPTED, VOUCH_READER)
+        return refuse(READER_REJECTED) if said is False else None
+
+
+class OutsideBound(Rule):
+    """Nothing vouched: the model answers, and its answer is the observation."""
+
+    name = "outside the bound"
+    reasons = (OUTSIDE_BOUND,)
+    reads = "nothing"
+    counts = "the answered miss: `ok:<bin>`/`wrong:<bin>` in the pool; a veto if wrong; the review queue"
+
+    async def __call__(self, facts: Facts) -> Ruling:
+        return refuse(OUTSIDE_BOUND)
+
+
+def rules_for(policy: AdaptiveSemantic, check: CandidateCheck, redis: Redis, reader: Reader | None,
+              on_read: Callable[[str, str], None]) -> tuple[Rule, ...]:
+    """The ordered rules of an adaptive category: the one place the list is built."""
+    entry_veto = EntryVeto(redis)
+    rules: list[Rule] = [Guards(check), DocumentVeto(), CuratedWording(entry_veto), Pool(check, entry_veto)]
+    if policy.entry_confirmations > 0:
+        rules.append(EntryRecord(redis))
+    if reader is not None and policy.reader != "off":
+        rules.append(ReaderRule(reader, on_read))
+    rules.append(OutsideBound())
+    return tuple(rules)
+
+
+class Explore(Described):
+    """After a serve: a would-be hit of a model's answer is sent upstream anyway at the
+    category's ``explore`` rate, so the served hits' error is measured on a fair sample; a
+    reader's no is kept for measuring at the same rate. One seeded draw per decision that needs one.
+    The entry record's serves are not explored: exploring them (the removed ``entry_explore``) cost
+    reach and found no wrong hit the pool did not (docs/experiments/removed-rules.md)."""
+
+    name = "explore"
+    reads = "a seeded random draw"
+    counts = "the explored candidate's answered miss (`explored_ok`/`explored_wrong`, its rule's fields)"
+
+    def __init__(self, draw: Callable[[], float]) -> None:
+        self._draw = draw
+
+    def explored(self, ruling: Ruling, source: str, policy: AdaptiveSemantic) -> bool:
+        # A model's answer does not judge a curated one.
+        rate = policy.explore if source == SOURCE_MODEL and ruling.vouched != VOUCH_RECORD else 0.0
+        return ruling.verdict.accepted and bool(rate) and self._draw() < rate
+
+    def reader_no_kept(self, ruling: Ruling, policy: AdaptiveSemantic) -> bool:
+        # A trusted reader's yes is measured only when explored, so its no is counted at the same
+        # rate: its two rates stay unbiased once it serves.
+        return ruling.verdict.reason == READER_REJECTED and self._draw() < policy.explore
+
+
+RULE_ORDER: tuple[type[Described], ...] = (Guards, DocumentVeto, CuratedWording, Pool, EntryRecord, ReaderRule, OutsideBound,
+                                Explore)
+
+
+def rule_table() -> str:
+    """The rules in their order as a Markdown table (docs/SEMANTIC.md holds the same)."""
+    lines = ["| # | rule | verdicts (`X-Cache-Verdict`) | reads | counted as |", "|---|---|---|---|---|"]
+    for number, rule in enumerate(RULE_ORDER, start=1):
+        reasons = ", ".join(f"`{r}`" for r in rule.reasons) or "-"
+        lines.append(f"| {number} | {rule.name} | {reasons} | {rule.reads} | {rule.counts} |")
+    return "\n".join(lines)
+
+

@@ -1,0 +1,141 @@
+"""What each kind of observation counts, and where: one table in Python (issue #45).
+
+An observation says whether a document's answer was right for a question at a similarity and
+decision score. Who made it decides what it may move: the model's answer to a candidate the
+decision refused is a fair sample of the pool; a candidate a rule vouched for measures that rule;
+an end user's "right" on a served hit is no fair sample; a reviewer's verdict is a chosen pair.
+
+Every kind counts on the document (``ok:<bin>`` / ``wrong:<bin>``) and on its entry (a right one
+``confirmed:<bin>``, a wrong one raises ``wrong_above`` on both). What the tenant's pool (and the
+category's figures) count:
+
+- ``ANSWERED_MISS``: ``ok:<bin>`` / ``wrong:<bin>``; ``explored_*`` when explored; the reader's
+  fields when it read the pair.
+- ``VOUCHED_MISS``: the vouching rule's ``record_*:<bin>`` / ``reader_*:<bin>`` and ``explored_*``,
+  never the pool's own bins (a sample the rule chose).
+- ``FEEDBACK``: ``wrong:<bin>`` for a "wrong"; nothing for a "right".
+- ``REVIEW``: nothing.
+
+The Lua script (:data:`_OBSERVE`) is handed field names only: what to count on the document,
+what to confirm on the entry, the similarity to veto at, and the pool's fields.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from redis.asyncio import Redis
+
+from app.cache.storage.keys import (
+    FIELD_WRONG_ABOVE,
+    KEYS,
+    OBS_CONFIRMED,
+    OBS_EXPLORED_OK,
+    OBS_EXPLORED_WRONG,
+    OBS_OK,
+    OBS_WRONG,
+    Keyspace,
+    observation_field,
+)
+
+# Pooled observations live as long as a month without a new one (they are kept fresh by use).
+POOLED_TTL_S = 30 * 86400
+
+
+class Observation(enum.Enum):
+    """Who observed a document's answer, which decides what the pool counts (module table)."""
+
+    ANSWERED_MISS = "answered_miss"
+    VOUCHED_MISS = "vouched_miss"
+    FEEDBACK = "feedback"
+    REVIEW = "review"
+
+
+def pool_fields(kind: Observation, *, same: bool, score_bin: int, explored: bool = False,
+                rules: tuple[str, ...] = ()) -> list[str]:
+    """The pool fields one observation adds 1 to (the table above).
+
+    Args:
+        kind: Who observed.
+        same: Whether the answer was right.
+        score_bin: The decision score's bin.
+        explored: Whether it was an explored would-be hit (the live precision counts those).
+        rules: Fields of the rules this observation measures (``record_ok:087``, ``reader_no_wrong:087``).
+    """
+    if kind is Observation.REVIEW or (kind is Observation.FEEDBACK and same):
+        return []
+    fields = [observation_field(OBS_OK if same else OBS_WRONG, score_bin)] \
+        if kind in (Observation.ANSWERED_MISS, Observation.FEEDBACK) else []
+    if kind is Observation.FEEDBACK:
+        return fields
+    if explored:
+        fields.append(OBS_EXPLORED_OK if same else OBS_EXPLORED_WRONG)
+    return [*fields, *rules]
+
+
+# KEYS: document, category figures, entry, tenant pool. ARGV: the document's field, the entry's
+# confirmation field ("" for none), the similarity x1000 to veto at ("" for none: right), the
+# pools' TTL, then the pools' fields. Nothing is counted on a key that is gone (a miss must never
+# create a key without a TTL); a veto raises the highest wrong similarity of the document and of
+# its entry, so every alias of the entry is vetoed there.
+_OBSERVE = f"""
+local function raise_wrong(key)
+  if redis.call('EXISTS', key) == 0 then return end
+  local seen = tonumber(redis.call('HGET', key, '{FIELD_WRONG_ABOVE}') or '-1')
+  if tonumber(ARGV[3]) > seen then redis.call('HSET', key, '{FIELD_WRONG_ABOVE}', ARGV[3]) end
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HINCRBY', KEYS[1], ARGV[1], 1) end
+if ARGV[3] ~= '' then
+  raise_wrong(KEYS[1])
+  raise_wrong(KEYS[3])
+elseif ARGV[2] ~= '' and redis.call('EXISTS', KEYS[3]) == 1 then
+  redis.call('HINCRBY', KEYS[3], ARGV[2], 1)
+end
+if #ARGV < 5 then return 1 end
+for _, pool in ipairs({{KEYS[2], KEYS[4]}}) do
+  for i = 5, #ARGV do redis.call('HINCRBY', pool, ARGV[i], 1) end
+  redis.call('EXPIRE', pool, ARGV[4])
+end
+return 1
+"""
+
+
+class ObservationWriter:
+    """Records one observation on the document, the entry and the pools, as :func:`pool_fields` says.
+
+    Args:
+        redis: The Redis of the keyspace.
+        keys: The keyspace.
+    """
+
+    def __init__(self, redis: Redis, keys: Keyspace = KEYS) -> None:
+        self._keys = keys
+        self._observe = redis.register_script(_OBSERVE)
+
+    async def record(self, kind: Observation, tag: str, category: str, tenant: str, *, document: str, root: str,
+                     similarity: float, score_bin: int, same: bool, explored: bool = False,
+                     rules: tuple[str, ...] = ()) -> None:
+        """Count whether a document's answer was right for a question at this similarity.
+
+        Args:
+            kind: Who observed (what the pool counts).
+            tag: The version tag.
+            category: The category.
+            tenant: Whose question (the pool it counts in).
+            document: The document that matched (an entry or an alias).
+            root: Its entry.
+            similarity: The two questions' cosine similarity.
+            score_bin: The decision score's bin.
+            same: Whether the answer was right; a wrong one vetoes the document and its entry for
+                candidates at this similarity or below (``wrong_above``).
+            explored: Whether it was an explored would-be hit.
+            rules: Pool fields of the rules this observation measures.
+        """
+        fields = pool_fields(kind, same=same, score_bin=score_bin, explored=explored, rules=rules)
+        await self._observe(
+            keys=[document, self._keys.observations_key(tag, category), root,
+                  self._keys.observations_key(tag, category, tenant)],
+            args=[observation_field(OBS_OK if same else OBS_WRONG, score_bin),
+                  observation_field(OBS_CONFIRMED, score_bin) if same else "",
+                  "" if same else round(similarity * 1000), POOLED_TTL_S, *fields],
+        )
