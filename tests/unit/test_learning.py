@@ -147,3 +147,20 @@ def test_neighbours_are_other_entries_of_model_answers_in_the_band() -> None:
     assert neighbours_of("e3", rows[3], rows, floor=0.6) == ()  # a curated candidate is never merged
     many = [row(f"d{i}", 0.9, f"e{i}") for i in range(10)]
     assert len(neighbours_of("e0", many[0], many, floor=0.6)) == NEIGHBOURS
+
+
+def test_each_kind_of_observation_counts_in_the_pool_what_its_table_says() -> None:
+    from app.cache.learning.observations import Observation, pool_fields
+
+    miss = pool_fields(Observation.ANSWERED_MISS, same=True, score_bin=87)
+    assert miss == ["ok:087"]
+    explored = pool_fields(Observation.ANSWERED_MISS, same=False, score_bin=87, explored=True,
+                           rules=("reader_wrong:087",))
+    assert explored == ["wrong:087", "explored_wrong", "reader_wrong:087"]
+    # A candidate a rule vouched for measures the rule, never the pool's own bins.
+    assert pool_fields(Observation.VOUCHED_MISS, same=True, score_bin=80, explored=True,
+                       rules=("record_ok:080",)) == ["explored_ok", "record_ok:080"]
+    # A user's "right" is no fair sample; a "wrong" counts against the bin; a reviewer's pair is chosen.
+    assert pool_fields(Observation.FEEDBACK, same=True, score_bin=90) == []
+    assert pool_fields(Observation.FEEDBACK, same=False, score_bin=90) == ["wrong:090"]
+    assert pool_fields(Observation.REVIEW, same=False, score_bin=90) == []

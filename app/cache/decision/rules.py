@@ -85,6 +85,8 @@ class Facts:
         score_bin: That score's bin.
         read_later: Set by the reader rule: the reader reads it after the response (it is not
             trusted at this score yet), and its verdict is counted against the model's answer.
+        in_prior: Set by the pool rule: the candidate is in the prior's zone (``accept_above`` and
+            up, with its evidence); a serve there is reported as ``above_band`` whatever vouched.
     """
 
     query: CacheQuery
@@ -95,6 +97,7 @@ class Facts:
     score_bin: int
     pool: Callable[[], Awaitable[PooledCounts]]
     read_later: bool = False
+    in_prior: bool = False
     _counts: PooledCounts | None = field(default=None, repr=False)
 
     @property
@@ -221,6 +224,7 @@ class Pool(Rule):
         prior = facts.similarity >= policy.accept_above and (
             not policy.prior_evidence or prior_has_evidence(counts, facts.score_bin, policy)
             or self._check.same_content(facts.question, facts.cached_question))
+        facts.in_prior = prior
         if not within_bound(counts, facts.score_bin, policy, prior=prior):
             return None
         if await self._entry_veto.vetoed(facts):
@@ -234,7 +238,7 @@ class EntryRecord(Rule):
     entry was never wrong near this similarity."""
 
     name = "entry record"
-    reasons = (ENTRY_RECORD,)
+    reasons = (ENTRY_RECORD, ABOVE_BAND)
     reads = "the entry's `confirmed:<bin>` and `wrong_above` (one HMGET)"
     counts = "an explored serve: `record_ok:<bin>`/`record_wrong:<bin>` (not the pool's own bins)"
 
@@ -247,7 +251,10 @@ class EntryRecord(Rule):
         if policy.entry_confirmations <= 0 or facts.score < policy.entry_floor or margin < policy.entry_margin:
             return None
         values = await self._redis.hmget(facts.root, entry_record_fields(policy.threshold, facts.score_bin))
-        return serve(ENTRY_RECORD, VOUCH_RECORD) if entry_vouches(values, facts.similarity, policy) else None
+        if not entry_vouches(values, facts.similarity, policy):
+            return None
+        # In the prior's zone the serve is reported, and explored, as the prior's.
+        return serve(ABOVE_BAND if facts.in_prior else ENTRY_RECORD, VOUCH_RECORD)
 
 
 class ReaderRule(Rule):
@@ -320,7 +327,7 @@ class Explore(Described):
 
     def explored(self, ruling: Ruling, source: str, policy: AdaptiveSemantic) -> bool:
         # A model's answer does not judge a curated one.
-        rate = policy.explore if source == SOURCE_MODEL and ruling.vouched != VOUCH_RECORD else 0.0
+        rate = policy.explore if source == SOURCE_MODEL and ruling.verdict.reason != ENTRY_RECORD else 0.0
         return ruling.verdict.accepted and bool(rate) and self._draw() < rate
 
     def reader_no_kept(self, ruling: Ruling, policy: AdaptiveSemantic) -> bool:

@@ -19,8 +19,7 @@ from typing import Any, Protocol
 import msgspec
 from redis.asyncio import Redis
 
-from app.cache.semantic import SemanticCache
-from app.cache.storage.contract import CacheHit, CacheQuery, SharedRedis
+from app.cache.storage.contract import CacheHit, CacheQuery, Candidate, SharedRedis
 from app.cache.storage.exact import exact_key
 from app.cache.storage.keys import (
     AUDIT_KEY,
@@ -52,6 +51,14 @@ AUDIT_MAX_LEN = 10_000
 ENTRY_KEY = re.compile(
     rf"^(?P<namespace>{NAMESPACE}(?::\{{[A-Za-z0-9]+\}})?):(?P<tag>v[1-9][0-9]*):(exact|sem):(faq-)?[0-9a-f]{{64}}$"
 )
+
+
+class SemanticEntries(Protocol):
+    """What invalidation asks of the semantic layer (app/cache/semantic.py), which is above it."""
+
+    async def documents_of(self, tag: str, root: str) -> set[str]: ...
+
+    async def lookup(self, query: CacheQuery) -> CacheHit | Candidate | None: ...
 
 
 class InvalidationError(ValueError):
@@ -200,7 +207,7 @@ class CacheInvalidator:
     """
 
     def __init__(self, redis: Redis, versions: VersionTag, generations: ScopeGenerations, policy: Policy,
-                 semantic: SemanticCache | None, audit: AuditLog | None = None) -> None:
+                 semantic: SemanticEntries | None, audit: AuditLog | None = None) -> None:
         self._redis = redis
         self._audit = AuditLog(redis) if audit is None else audit
         self._versions = versions
@@ -221,7 +228,7 @@ class CacheInvalidator:
         return self._versions
 
     @property
-    def semantic(self) -> SemanticCache | None:
+    def semantic(self) -> SemanticEntries | None:
         return self._semantic
 
     def check(self, what: Invalidation) -> None:
