@@ -2,7 +2,7 @@
 operators' commands (app/ops.py, ``strata faq load``) and the replay.
 
 Everything that lives in Redis is built over a set of buckets (one Redis is one bucket; a
-cluster has several, app/cache/buckets.py) into one :class:`CacheParts`; a cluster that answers
+cluster has several, app/cache/storage/buckets.py) into one :class:`CacheParts`; a cluster that answers
 only after start-up gets a new :class:`CacheParts`, put in place whole. Above the cache (the
 pipeline, the relay) nothing knows whether it talks to one Redis or to a cluster: the routed
 parts (app/cache/routed.py) implement the same protocols as their single-node peers.
@@ -66,7 +66,7 @@ class SemanticParts:
         verifier: The guards and the learned verifier (its analyzer compares answers too).
         check: Verification as the semantic layer runs it (counts every verdict).
         judge: The LLM judge of categories that ask for one; ``None`` in tools that never judge.
-        reader: The grey zone's reader (app/readers); ``None``: none configured.
+        reader: The grey zone's reader (app/cache/readers); ``None``: none configured.
         reads: Its reads after the response, shared by every bucket of the worker.
     """
 

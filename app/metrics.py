@@ -27,7 +27,7 @@ logger = logging.getLogger("strata.metrics")
 
 
 class OutcomeLog(Protocol):
-    """Where finished requests are also counted by category and outcome (app/cache/usage.py
+    """Where finished requests are also counted by category and outcome (app/cache/storage/usage.py
     keeps them in Redis for ``strata cache stats``)."""
 
     def add(self, category: str, outcome: str, now: float | None = None, *, tenant: str | None = None,
@@ -133,7 +133,7 @@ class Metrics:
             registry=r, multiprocess_mode="max",
         )
         self.reader_verdicts = Counter(
-            "strata_reader_verdicts", "Verdicts of the grey zone's reader (app/readers), by reader, when it was "
+            "strata_reader_verdicts", "Verdicts of the grey zone's reader (app/cache/readers), by reader, when it was "
             "asked (now: on the request path; after: off it) and verdict (yes, no, failed, dropped)",
             ["reader", "when", "verdict"], registry=r,
         )

@@ -84,7 +84,7 @@ class ChatPipeline:
         plan, hit = await self._cache.lookup(plan)
         if hit is not None:
             assert plan.query is not None  # a hit comes from a planned query
-            # The id is the hit's receipt (app/cache/receipts.py): feedback reads it, Redis is not written.
+            # The id is the hit's receipt (app/cache/learning/receipts.py): feedback reads it, Redis is not written.
             response_id = self._ids.mint(plan.query, hit) if self._ids is not None else new_completion_id()
             result = serve_hit(hit, request, started, self._metrics, category=call.category.name, response_id=response_id,
                                tenant=call.tenant)

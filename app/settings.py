@@ -92,12 +92,12 @@ class SemanticSettings(msgspec.Struct, frozen=True, kw_only=True):
     # (empty: the model the request names) and how long to wait before rejecting the candidate.
     judge_model: str = field(default="", name="judge_model")
     judge_timeout_s: float = field(default=5.0, name="judge_timeout_s")
-    # The grey zone's reader (app/readers, issue #33): an OpenAI-compatible endpoint whose chat model
+    # The grey zone's reader (app/cache/readers, issue #33): an OpenAI-compatible endpoint whose chat model
     # judges candidate pairs for categories with `semantic.reader` (empty: no reader). The model is
     # `judge_model`, else the endpoint's first; its bearer token `judge_api_key`.
     judge_url: str = field(default="", name="judge_url")
     judge_api_key: str = field(default="", name="judge_api_key")
-    # A second embedder as the grey zone's reader (app/readers/embedder.py): a sentence-transformers
+    # A second embedder as the grey zone's reader (app/cache/readers/embedder.py): a sentence-transformers
     # folder (`make reader-model`: .run/models/embeddinggemma-300m) or an OpenAI-compatible
     # /v1/embeddings URL (its model `reader_embedder_model`, else the endpoint's first). It says yes
     # at or above `reader_threshold`, calibrated on the shared QQP pairs (bench/reader_threshold.py:
@@ -178,7 +178,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # How long a hit's response can be given feedback (POST /v1/feedback): its id's lifetime (0: never).
     feedback_ttl_s: int = 86_400
     # The secrets hits' response ids are signed with, comma-separated: the first signs, all verify
-    # (rotation). Empty: one secret made once and kept in Redis (app/cache/receipts.py).
+    # (rotation). Empty: one secret made once and kept in Redis (app/cache/learning/receipts.py).
     response_id_secrets: str = ""
 
     redis: RedisSettings = field(default_factory=RedisSettings)

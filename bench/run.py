@@ -293,7 +293,7 @@ def report(runs: list[tuple[str, Run]], rss: float, source: str, sizes: tuple[in
         f"int8 ONNX; {duration} s per run",
         f"- Data: {source}; {sizes[0]} exact-hit bodies, {sizes[1]} paraphrases that semantic-hit in category "
         f"`verified` (cosine 0.88 + learned verifier, bench/policy.yaml) and {sizes[2]} in `adaptive`, the shipped "
-        "adaptive `faq` without exploration (app/cache/adaptive.py; its pooled observations seeded so the decision "
+        "adaptive `faq` without exploration (app/cache/decision/adaptive.py; its pooled observations seeded so the decision "
         "serves), rotated",
         "",
         "| run | concurrency | p50 ms | p90 ms | p99 ms | req/s | requests | outcomes (status:X-Cache=count) | verdict |",

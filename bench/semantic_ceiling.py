@@ -8,7 +8,7 @@ that is not an exact repeat finds the nearest cached question, its similarity an
 the nearest question of another label among the 8 nearest. Then, knowing which would be right:
 
 - the best single threshold on a score (similarity, or similarity plus half the margin, as
-  `app/cache/learning.py` scores), chosen on the stream itself: the most requests served with at
+  `app/cache/learning/learner.py` scores), chosen on the stream itself: the most requests served with at
   most ``--bound`` of them wrong;
 - the best threshold per label of the nearest question (per entry, as vCache learns them),
   also chosen with hindsight; then with each question counted with its repeats (a question

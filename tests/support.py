@@ -446,7 +446,7 @@ def vllm_error(status: int, model: str) -> Response[bytes] | None:
 
 
 # The same tests run on one Redis and, with `pytest --redis-cluster`, on a Redis Cluster whose
-# keys live in buckets (`strata:{b7}:...`, app/cache/buckets.py). These helpers let a test name
+# keys live in buckets (`strata:{b7}:...`, app/cache/storage/buckets.py). These helpers let a test name
 # keys in the single-node layout and read them wherever they are.
 
 def clustered(client: Any) -> bool:

@@ -1,4 +1,4 @@
-"""``POST /v1/feedback``: an end user's verdict on a served answer (app/cache/feedback.py)."""
+"""``POST /v1/feedback``: an end user's verdict on a served answer (app/cache/learning/feedback.py)."""
 
 from __future__ import annotations
 

@@ -54,7 +54,7 @@ class CachePlan(msgspec.Struct, frozen=True):
         mode: The mode.
         query: The query of modes that read or write (``USE``, ``REFRESH``), else ``None``.
         candidate: The nearest semantic candidate the lookup did not serve: once the model has
-            answered, the answers are compared and the adaptive layer learns (app/cache/learning.py).
+            answered, the answers are compared and the adaptive layer learns (app/cache/learning/learner.py).
     """
 
     mode: CacheMode
@@ -72,7 +72,7 @@ class CachePlan(msgspec.Struct, frozen=True):
 
 class RequestCache(Protocol):
     """What the pipeline and the relay ask of the cache: one :class:`LayeredCache`, or the
-    buckets of a cluster behind one (app/cache/buckets.py)."""
+    buckets of a cluster behind one (app/cache/storage/buckets.py)."""
 
     @property
     def versions(self) -> VersionTag: ...
@@ -254,7 +254,7 @@ class LayeredCache:
             return
         # The answer took seconds to generate: if the cache was invalidated meanwhile, it was
         # generated for a world that no longer holds. Each layer's write checks the version and
-        # the generation in the same script (app/cache/entry.py) and writes nothing if either moved.
+        # the generation in the same script (app/cache/storage/entry.py) and writes nothing if either moved.
         writes = []
         for layer in self._layers:
             if truncated and layer.name != EXACT:

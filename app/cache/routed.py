@@ -1,6 +1,6 @@
 """A Redis Cluster's buckets behind the contracts of one Redis (docs/SCALING.md).
 
-Each bucket holds a whole keyspace and behaves as a single Redis (app/cache/buckets.py), so the
+Each bucket holds a whole keyspace and behaves as a single Redis (app/cache/storage/buckets.py), so the
 cluster's cache and invalidator are compositions: one :class:`~app.cache.layered.LayeredCache`
 and one :class:`~app.cache.storage.invalidation.CacheInvalidator` per bucket, and a router that sends
 each request or invalidation to the bucket (or buckets) that can hold it. Both implement the

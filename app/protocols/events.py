@@ -33,7 +33,7 @@ def named_event(name: str, payload: dict[str, Any]) -> bytes:
 
 def response_hex(completion_id: str) -> str:
     """The random part of a chat completion's id, which the other protocols' ids reuse (so that
-    feedback can name a response in any protocol: ``app/cache/feedback.py``)."""
+    feedback can name a response in any protocol: ``app/cache/learning/feedback.py``)."""
     return completion_id.removeprefix("chatcmpl-") or "0"
 
 

@@ -1,5 +1,5 @@
 """The console overview's figures, read from the per-minute layer counts (``strata:meta:layers:*``,
-app/cache/usage.py): requests by answering layer over time, model calls and time saved, hit
+app/cache/storage/usage.py): requests by answering layer over time, model calls and time saved, hit
 latency percentiles and the reach an adaptive category learnt, per tenant and category.
 
 Pure functions over the hashes' contents, so that what the page shows is tested without a page.

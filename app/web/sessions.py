@@ -3,7 +3,7 @@
 The cookie holds who (``admin`` or an operator key's id), the tenant an operator sees (none for
 the admin), an expiry, a random session id and, for the admin, a fingerprint of the admin token it
 signed in with, signed with HMAC-SHA256 under a key derived from the secret every worker shares
-(the response-id secret kept in Redis, app/cache/receipts.py), so any worker opens any session.
+(the response-id secret kept in Redis, app/cache/learning/receipts.py), so any worker opens any session.
 A signature alone does not keep a session alive: app/web/guard.py checks at every request that it
 was not signed out, that the operator's key still exists with operator rights, and that the admin
 token is still the one it signed in with. It is ``HttpOnly``,

@@ -26,7 +26,7 @@ from tests.support import ADMIN_TOKEN, MODEL, FakeUpstream, ask, run_cli, scan, 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}", "X-Strata-Operator": "tests"}
 TENANTS = tuple(f"shop-{i}" for i in range(8))
 GENERAL = {"X-Cache-Category": "general"}
-# Keys that belong to no bucket: single keys no script spans (app/cache/keys.py).
+# Keys that belong to no bucket: single keys no script spans (app/cache/storage/keys.py).
 GLOBAL_PREFIXES = (AUDIT_KEY, BUCKETS_KEY, f"{NAMESPACE}:meta:usage:", f"{NAMESPACE}:meta:layers:",
                    f"{NAMESPACE}:meta:tokens:", verdict_key(""), RESPONSE_SECRET_KEY)
 

@@ -296,7 +296,7 @@ def test_learned_max_tokens_replace_the_default_once_answers_are_known(
 
 def test_an_answer_is_stored_only_under_the_version_and_generation_it_was_asked_under(
         redis_url: str, redis_sync: redis.Redis) -> None:
-    """The write-back checks both in the script that writes (app/cache/entry.py): an answer the
+    """The write-back checks both in the script that writes (app/cache/storage/entry.py): an answer the
     model generated while the cache was invalidated is never stored, under any version."""
     raw = {"model": MODEL, "messages": [{"role": "user", "content": "asked before the bump"}]}
     canonical = canonicalize(msgspec.convert(raw, ChatCompletionRequest), raw, tenant="t", category="faq", max_tokens=None)

@@ -15,7 +15,7 @@ import redis
 from tests.support import FakeUpstream, ask, eventually, keyspace, scan, seed_pool, serve_strata, strata_settings
 
 LEARN = {"X-Cache-Category": "learn"}
-# Signed with the first; the second is a rotated secret still accepted (app/cache/receipts.py).
+# Signed with the first; the second is a rotated secret still accepted (app/cache/learning/receipts.py).
 SECRETS = (b"feedback-test-secret-new-0123456789", b"feedback-test-secret-old-0123456789")
 REFUND = "To get a refund, open the order page and press Refund; see guide 12."
 INVOICE = "Invoices are under Orders, Invoice, for any order older than a day; see guide 31."

@@ -1,4 +1,4 @@
-"""The review queue's store (app/cache/review.py) on the test Redis: ranked by traffic, bounded,
+"""The review queue's store (app/cache/learning/review.py) on the test Redis: ranked by traffic, bounded,
 and a settled pair not queued again."""
 
 from __future__ import annotations

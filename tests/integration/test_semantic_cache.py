@@ -149,7 +149,7 @@ def test_entries_are_readable_and_counted(client: httpx.Client, redis_sync: redi
     entry = redis_sync.hgetall(key)
     assert entry[b"question"].decode() == "怎么申请退款" and entry[b"category"] == b"faq"
     assert entry[b"tenant"] == b"default" and entry[b"model"] == MODEL.encode()
-    # Semantic hits are added to the entry in a batch every second (app/cache/usage.py); a count
+    # Semantic hits are added to the entry in a batch every second (app/cache/storage/usage.py); a count
     # pending for an entry of the same key from an earlier test may land in the same batch.
     hits = eventually(lambda: int(redis_sync.hget(key, "hits") or 0))
     assert hits >= 1

@@ -1,7 +1,7 @@
 """The adaptive decision: whether a semantic candidate is served, under an error bound (#10).
 
 Every miss is answered by the model anyway, so what the nearest cached question *would* have
-served can be compared with the fresh answer for free (app/cache/learning.py records it). This
+served can be compared with the fresh answer for free (app/cache/learning/learner.py records it). This
 module reads those observations back and decides, for one KNN result, in one call
 (:meth:`AdaptiveDecision.decide`): the rows of the band, most similar first, go through the
 category's ordered rules (app/cache/rules.py); the first row a guard does not set aside is
@@ -60,7 +60,7 @@ class AdaptiveDecision:
         keys: The keyspace.
         seed: Seed of the exploration draws: random across questions and across repeats of one
             question, and seeded, so that a replay of a stream in one process makes the same draws.
-        reader: The reader of the grey zone (app/readers); ``None``: none, whatever the policy says.
+        reader: The reader of the grey zone (app/cache/readers); ``None``: none, whatever the policy says.
         on_read: Counts a synchronous reader's verdict ``(reader name, yes|no|failed)``.
     """
 

@@ -240,7 +240,7 @@ class EntryRecord(Rule):
     name = "entry record"
     reasons = (ENTRY_RECORD, ABOVE_BAND)
     reads = "the entry's `confirmed:<bin>` and `wrong_above` (one HMGET)"
-    counts = "an explored serve: `record_ok:<bin>`/`record_wrong:<bin>` (not the pool's own bins)"
+    counts = "`record_ok:<bin>`/`record_wrong:<bin>` when explored (in the prior's zone only), never the pool's bins"
 
     def __init__(self, redis: Redis) -> None:
         self._redis = redis
@@ -319,7 +319,7 @@ class Explore(Described):
     reach and found no wrong hit the pool did not (docs/experiments/removed-rules.md)."""
 
     name = "explore"
-    reads = "a seeded random draw"
+    reads = "a seeded random draw, at `explore` for serves of a model's answer (not the record's below the prior)"
     counts = "the explored candidate's answered miss (`explored_ok`/`explored_wrong`, its rule's fields)"
 
     def __init__(self, draw: Callable[[], float]) -> None:

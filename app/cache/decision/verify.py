@@ -15,7 +15,7 @@ passed the category's threshold goes through two more stages:
    (``schemas/verifier.json``); inference here is plain numpy, with no pickle involved.
 
 3. Optionally (``semantic.judge``), what the verifier accepted in the band goes to an async
-   confirm hook (the LLM judge, ``app/cache/judge.py``) that can only veto.
+   confirm hook (the LLM judge, ``app/cache/readers/judge.py``) that can only veto.
 
 The service and ``strata calibrate`` both decide through :class:`CandidateCheck` (and so
 :meth:`PairVerifier.verify`); verdicts are counted in one place, its ``on_verdict`` callback.
@@ -53,7 +53,7 @@ ENTITIES_DIFFER = "entities_differ"
 ABOVE_BAND = "above_band"
 VERIFIED = "verifier_accepted"
 VERIFIER_REJECTED = "verifier_rejected"
-# Adaptive categories (app/cache/learning.py).
+# Adaptive categories (app/cache/learning/learner.py).
 WITHIN_BOUND = "within_bound"
 OUTSIDE_BOUND = "outside_bound"
 WRONG_BEFORE = "wrong_before"
@@ -61,7 +61,7 @@ ENTRY_RECORD = "entry_record"
 # An entry's record vouched, at a score where the category's pool has not yet measured records
 # wrong less often than the bound (``semantic.entry_evidence``): sent upstream, and counted.
 RECORD_UNPROVEN = "record_unproven"
-# A reader (app/readers) said yes where its yes was measured right often enough: served.
+# A reader (app/cache/readers) said yes where its yes was measured right often enough: served.
 READER_ACCEPTED = "reader_accepted"
 READER_REJECTED = "reader_rejected"
 # A curated answer's own wording (its question or a listed variant, up to punctuation and case):

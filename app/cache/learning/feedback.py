@@ -1,7 +1,7 @@
 """End users' feedback on served answers (issue #24), named by the hit's receipt (issue #32).
 
 Every hit gets a response id (its body's ``id`` and the ``X-Cache-Response-Id`` header) that
-carries what served it, signed (app/cache/receipts.py): serving a hit writes nothing to Redis.
+carries what served it, signed (app/cache/learning/receipts.py): serving a hit writes nothing to Redis.
 
 ``POST /v1/feedback`` with that id and a verdict applies it at once, in the bucket that holds the
 document:

@@ -7,7 +7,7 @@ counted atomically in Redis, on the candidate's document and pooled per category
 every worker and every Strata instance learns together (``redis-cli HGETALL strata:v1:obs:faq:<tenant>``),
 and one tenant's traffic never moves what another tenant is served.
 
-The decision that reads these observations back is app/cache/adaptive.py.
+The decision that reads these observations back is app/cache/decision/adaptive.py.
 
 When the fresh answer is equivalent to the candidate's, the new question becomes an alias of
 the candidate's entry: its own vector in the index, the entry's answer and expiry, so the next

@@ -1,9 +1,9 @@
 """The readers' contract: a candidate pair in, yes / no / no verdict out.
 
-A reader never decides alone. The adaptive decision (app/cache/adaptive.py) asks it about a
+A reader never decides alone. The adaptive decision (app/cache/decision/adaptive.py) asks it about a
 candidate the category's own evidence refused, and serves on its "yes" only at scores where the
 tenant's pool has measured its "yes" wrong less often than the bound (``reader_ok:<bin>`` /
-``reader_wrong:<bin>``, counted by app/cache/learning.py against the model's answer).
+``reader_wrong:<bin>``, counted by app/cache/learning/learner.py against the model's answer).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Two sources of vectors behind one small contract:
 
 The cached question's vector is kept in memory (an LRU by text), so a read embeds the new question
 only. Its yes is not trusted for what the threshold says: like every reader's, it serves only at
-scores where the tenant's pool has measured it (app/cache/adaptive.py).
+scores where the tenant's pool has measured it (app/cache/decision/adaptive.py).
 """
 
 from __future__ import annotations

@@ -110,7 +110,7 @@ class Nearest(NamedTuple):
 
 class Neighbour(msgspec.Struct, frozen=True, kw_only=True):
     """Another entry near a candidate: if the model's answer turns out to match both, they are
-    one answer in two entries, and are merged (app/cache/learning.py).
+    one answer in two entries, and are merged (app/cache/learning/learner.py).
 
     Attributes:
         root: The entry.
@@ -123,7 +123,7 @@ class Neighbour(msgspec.Struct, frozen=True, kw_only=True):
 
 class Candidate(msgspec.Struct, frozen=True, kw_only=True):
     """The nearest cached question a layer did not serve, worth learning from once the model
-    has answered (app/cache/learning.py).
+    has answered (app/cache/learning/learner.py).
 
     Attributes:
         key: The document that matched (an entry or an alias).

@@ -5,7 +5,7 @@ Redis key layout (every name readable with ``redis-cli``)::
     strata:meta:version            STRING  current version number N; the tag is "vN"
     strata:meta:embedder           STRING  the embedder of the stored vectors (another one bumps N)
     strata:meta:scopes             HASH    invalidation counters: category:<c>, tenant:<t>,
-                                           category:<c>|tenant:<t> (absent = 0); see app/cache/version.py
+                                           category:<c>|tenant:<t> (absent = 0); see app/cache/storage/version.py
     strata:meta:audit              STREAM  every invalidation: who, what, when (capped)
     strata:meta:usage:<YYYYMMDDHHMM>  HASH requests per <category>|<outcome> in that UTC minute (2 h TTL)
     strata:meta:layers:<YYYYMMDDHHMM> HASH the same minute per tenant and answering layer (exact,
@@ -26,7 +26,7 @@ Redis key layout (every name readable with ``redis-cli``)::
     strata:vN:sem:faq-<sha256>     HASH    a curated answer (`strata faq load`), or one of its variants
     strata:vN:faqset:<name>        SET     the keys one `strata faq load` file wrote (replaced on reload)
     strata:meta:response_id_secret STRING  the secret hits' response ids are signed with, when
-                                           STRATA_RESPONSE_ID_SECRETS is unset (app/cache/receipts.py)
+                                           STRATA_RESPONSE_ID_SECRETS is unset (app/cache/learning/receipts.py)
     strata:fb:<nonce>              STRING  the verdict given on one response (POST /v1/feedback), until
                                            its id expires (STRATA_FEEDBACK_TTL_S): one per response.
                                            A hit writes nothing: its id carries what served it
@@ -38,7 +38,7 @@ Redis key layout (every name readable with ``redis-cli``)::
                                            token prefix, in the current window (its TTL)
 
 On a Redis Cluster (``STRATA_REDIS_URL=redis+cluster://...``) the cache is split into buckets
-(app/cache/buckets.py), each a hash tag such as ``b7`` listed in ``strata:meta:buckets`` (STRING,
+(app/cache/storage/buckets.py), each a hash tag such as ``b7`` listed in ``strata:meta:buckets`` (STRING,
 comma-separated). Every key above except the usage and layer counts, L4's statistics, the response-id
 secret, the verdicts and the audit stream then lives in a bucket, with the tag after the namespace,
 and the version and scope counters are per bucket::
@@ -64,7 +64,7 @@ from app.wire import ChatCompletionRequest, ContentPart
 
 NAMESPACE = "strata"
 AUDIT_KEY = f"{NAMESPACE}:meta:audit"
-# The secret response ids are signed with when none is configured (app/cache/receipts.py).
+# The secret response ids are signed with when none is configured (app/cache/learning/receipts.py).
 RESPONSE_SECRET_KEY = f"{NAMESPACE}:meta:response_id_secret"
 # The console's sessions signed out, and its failed sign-ins (app/web/guard.py).
 CONSOLE_ENDED_PREFIX = f"{NAMESPACE}:console:ended:"
@@ -104,7 +104,7 @@ OBS_OK = "ok"
 OBS_WRONG = "wrong"
 # On an entry: equivalent observations of any of its documents per score bin (its own record).
 OBS_CONFIRMED = "confirmed"
-# A response's receipt (app/cache/receipts.py): which layer, version and document served it, at
+# A response's receipt (app/cache/learning/receipts.py): which layer, version and document served it, at
 # which similarity and score bin.
 FIELD_LAYER = "layer"
 FIELD_VERSION = "version"
@@ -242,7 +242,7 @@ class Keyspace(msgspec.Struct, frozen=True):
         return f"{self.namespace}:{tag}:faqset:{name}"
 
     def review_key(self, tag: str, category: str, tenant: str) -> str:
-        """A tenant's review queue in a category (app/cache/review.py): item id -> times asked."""
+        """A tenant's review queue in a category (app/cache/learning/review.py): item id -> times asked."""
         return f"{self.namespace}:{tag}:review:{category}:{tenant}"
 
     def review_item_key(self, tag: str, identifier: str) -> str:
@@ -258,7 +258,7 @@ class Keyspace(msgspec.Struct, frozen=True):
 
 
 def verdict_key(nonce: str) -> str:
-    """The verdict given on one response (its receipt's nonce, app/cache/receipts.py): one per
+    """The verdict given on one response (its receipt's nonce, app/cache/learning/receipts.py): one per
     response. Outside any bucket and version: feedback names the response, not where it came from."""
     return f"{NAMESPACE}:fb:{nonce}"
 
