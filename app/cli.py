@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # the CLI imports numpy and the models only when a command ne
     from app.cache.storage.contract import Verdict
     from app.calibrate.pairs import Pair
     from app.embed import Encoder
-    from app.policy import AdaptiveSemantic, FixedSemantic, Policy, SemanticPolicy
+    from app.policy import Policy, SemanticPolicy
     from app.replay.run import Report
 
 DEFAULT_DATA = PROJECT_ROOT.parent / "shared" / "data"
@@ -81,6 +81,7 @@ async def _judge(pairs: Sequence[Pair], verdicts: list[Verdict], policy: Semanti
 def cmd_evaluate(args: argparse.Namespace, settings: Settings) -> int:
     from app.calibrate.evaluate import evaluate, similarities, verify_all
     from app.calibrate.pairs import PairsFileError, read_pairs
+    from app.policy import AdaptiveSemantic, FixedSemantic
 
     try:
         pairs = read_pairs(Path(args.pairs))
