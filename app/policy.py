@@ -116,7 +116,9 @@ def semantic_policy(raw: object, where: str) -> SemanticPolicy:
         return FixedSemantic()
     if not isinstance(raw, dict):
         raise ValueError(f"{where}: semantic must be a mapping")
-    kind = raw.get("kind") or ("adaptive" if "error_bound" in raw else "fixed")
+    kind = raw.get("kind") or ("adaptive" if raw.get("error_bound") is not None else "fixed")
+    if kind == "fixed" and "error_bound" in raw and raw["error_bound"] is None:
+        raw = {k: v for k, v in raw.items() if k != "error_bound"}  # `error_bound: null`: a fixed category
     if kind not in ("fixed", "adaptive"):
         raise ValueError(f"{where}: semantic.kind must be fixed or adaptive, not {kind!r}")
     own, other = (ADAPTIVE_KNOBS, FIXED_KNOBS) if kind == "adaptive" else (FIXED_KNOBS, ADAPTIVE_KNOBS)
@@ -191,7 +193,13 @@ def _read_raw(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
             like = category.pop("like")
             if like not in categories:
                 raise ValueError(f"category {name!r} is like {like!r}, which is not defined before it")
-            category = _merged(categories[like], category)
+            base = categories[like]
+            semantic = category.get("semantic")
+            if isinstance(base.get("semantic"), dict) and isinstance(semantic, dict) and "error_bound" in semantic:
+                # A variant of the other kind inherits only the knobs of its own kind.
+                own = ADAPTIVE_KNOBS if semantic["error_bound"] is not None else FIXED_KNOBS
+                base = {**base, "semantic": {k: v for k, v in base["semantic"].items() if k in own}}
+            category = _merged(base, category)
         categories[name] = category
     return {**raw, "categories": categories}
 
