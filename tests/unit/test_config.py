@@ -155,13 +155,13 @@ def test_a_variant_of_the_other_kind_inherits_only_its_own_kinds_knobs(tmp_path:
     from app.policy import FixedSemantic
 
     variant = tmp_path / "variant.yaml"
-    variant.write_text(f"base: {PROJECT_ROOT / 'schemas' / 'policy.yaml'}\\ndefault_category: fixed\\ncategories:\\n"
-                       "  fixed: {like: faq, semantic: {error_bound: null, threshold: 0.88, min_probability: 0.8}}\\n",
+    variant.write_text(f"base: {PROJECT_ROOT / 'schemas' / 'policy.yaml'}\ndefault_category: fixed\ncategories:\n"
+                       "  fixed: {like: faq, semantic: {error_bound: null, threshold: 0.88, min_probability: 0.8}}\n",
                        encoding="utf-8")
     fixed = Policy.load(variant).categories["fixed"].semantic
     assert isinstance(fixed, FixedSemantic) and fixed.min_probability == 0.8 and fixed.threshold == 0.88
     # A knob of the other kind written in the variant itself is still refused.
-    variant.write_text(f"base: {PROJECT_ROOT / 'schemas' / 'policy.yaml'}\\ndefault_category: fixed\\ncategories:\\n"
-                       "  fixed: {like: faq, semantic: {error_bound: null, explore: 0.1}}\\n", encoding="utf-8")
+    variant.write_text(f"base: {PROJECT_ROOT / 'schemas' / 'policy.yaml'}\ndefault_category: fixed\ncategories:\n"
+                       "  fixed: {like: faq, semantic: {error_bound: null, explore: 0.1}}\n", encoding="utf-8")
     with pytest.raises(ValueError, match="semantic.explore does not apply to a fixed category"):
         Policy.load(variant)
