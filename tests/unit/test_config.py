@@ -163,5 +163,5 @@ def test_a_variant_of_the_other_kind_inherits_only_its_own_kinds_knobs(tmp_path:
     # A knob of the other kind written in the variant itself is still refused.
     variant.write_text(f"base: {PROJECT_ROOT / 'schemas' / 'policy.yaml'}\ndefault_category: fixed\ncategories:\n"
                        "  fixed: {like: faq, semantic: {error_bound: null, explore: 0.1}}\n", encoding="utf-8")
-    with pytest.raises(ValueError, match="semantic.explore does not apply to a fixed category"):
+    with pytest.raises(ValueError, match=r"semantic\.explore does not apply to a fixed category"):
         Policy.load(variant)
