@@ -38,6 +38,7 @@ from app.cache.storage.contract import CacheLayer
 from app.cache.storage.embeddings import CachedEmbeddings, EmbeddingsCache
 from app.cache.storage.exact import ExactCache
 from app.cache.storage.index import adopt_embedder, index_dims
+from app.cache.storage.intents import IntentHeads, IntentStore
 from app.cache.storage.invalidation import AuditLog, CacheInvalidator, Invalidator
 from app.cache.storage.recent import RecentHits
 from app.cache.storage.version import ScopeGenerations, VersionTag
@@ -108,6 +109,7 @@ class CacheParts:
         feedback: ``/v1/feedback`` (``None`` before a cluster answers).
         flight: Single flight across workers (``None`` before a cluster answers).
         caps: L4's learnt ``max_tokens`` (``None`` before a cluster answers).
+        intents: The teams' intent heads, this worker's copy (``None``: no semantic layer or Redis).
     """
 
     buckets: Buckets
@@ -118,6 +120,7 @@ class CacheParts:
     feedback: Feedback | None
     flight: SingleFlight | None
     caps: TokenCaps | None
+    intents: IntentHeads | None = None
 
     @property
     def shared(self) -> Redis | RedisCluster | None:
@@ -207,6 +210,9 @@ def assemble(settings: Settings, policy: Policy, buckets: Buckets, metrics: Metr
     ids = ids if ids is not None else response_ids(settings)
     options = settings.semantic
     audit = AuditLog(buckets.shared) if buckets.shared is not None else None
+    # The teams' intent heads (issue #46): one copy per worker, shared by every bucket.
+    intents = IntentHeads(IntentStore(buckets.shared), f"{parts.embedder.name}:{parts.embedder.dims}") \
+        if parts is not None and buckets.shared is not None else None
     each = []
     for bucket in buckets.all:
         redis, keys = bucket.redis, bucket.keys
@@ -220,7 +226,8 @@ def assemble(settings: Settings, policy: Policy, buckets: Buckets, metrics: Metr
                                      learning_refresh_s=options.learning_refresh_s, keys=keys,
                                      pool_sources=[(b.redis, b.keys) for b in buckets.all],
                                      max_question_chars=options.semantic_max_question_chars, reader=parts.reader,
-                                     on_read=lambda name, verdict: metrics.reader_verdicts.labels(name, "now", verdict).inc())
+                                     on_read=lambda name, verdict: metrics.reader_verdicts.labels(name, "now", verdict).inc(),
+                                     intents=intents)
             layers.append(semantic)
             learner = AnswerLearner(redis, parts.embedder, parts.verifier.analyzer, judge=parts.judge,
                                     documents_of=semantic.documents_of, keys=keys, reads=parts.reads,
@@ -254,7 +261,7 @@ def assemble(settings: Settings, policy: Policy, buckets: Buckets, metrics: Metr
         targets = [FeedbackTarget(b.bucket.redis, ObservationWriter(b.bucket.redis, b.bucket.keys)) for b in each]
         feedback = Feedback(Verdicts(buckets.shared, ids), targets, buckets.holding, audit)
     return CacheParts(buckets=buckets, each=tuple(each), cache=routed, invalidator=invalidating,
-                      embeddings=embeddings, feedback=feedback, flight=flight, caps=caps)
+                      embeddings=embeddings, feedback=feedback, flight=flight, caps=caps, intents=intents)
 
 
 def pipeline_over(parts: CacheParts, settings: Settings, upstream: Upstream, metrics: Metrics,

@@ -10,6 +10,7 @@
     strata faq load FILE.csv|FILE.yaml [--name NAME]
     strata keys [--file KEYS.json] add --tenant NAME [--user ID] [--may-refresh] [--operator] | revoke KEY_ID | list
     strata admin-token ensure|show|rotate [--file PATH]
+    strata intents load FILE [--tenant NAME] [--category NAME] [--name NAME] | show | remove
     strata cache invalidate ... | audit ...   (app/ops.py)
     strata top [--url URL]                    (app/top.py)
 
@@ -240,11 +241,33 @@ def cmd_replay_build(args: argparse.Namespace, settings: Settings) -> int:
     if not source.exists():
         return fail(f"not found: {source}")
     if args.source == "clinc":
-        stream = clinc_stream(source, args.requests, args.seed, args.oos_share, args.intents, domain=args.domain)
+        stream = clinc_stream(source, args.requests, args.seed, args.oos_share, args.intents, domain=args.domain,
+                              splits=tuple(args.split.split(",")) if args.split else ())
     else:
         stream = pairs_stream(source, args.requests, args.seed)
     write_stream(stream, Path(args.out))
     print(f"wrote {len(stream)} requests ({len({r.label for r in stream})} labels) to {args.out}")
+    return 0
+
+
+def cmd_replay_intents(args: argparse.Namespace, settings: Settings) -> int:
+    """A team's intents file (CSV text,intent) from CLINC150's train split or a FAQ set."""
+    import csv
+
+    from app.replay.streams import StreamFileError, team_intents
+
+    source = Path(args.file) if args.source == "faqset" else Path(args.data_dir) / "clinc150.csv"
+    if args.source == "faqset" and not args.file:
+        return fail("--source faqset needs --file")
+    try:
+        rows = team_intents(args.source, source, args.per_intent, args.seed, args.domain)
+    except (StreamFileError, OSError) as exc:
+        return fail(str(exc))
+    with Path(args.out).open("w", encoding="utf-8", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["text", "intent"])
+        writer.writerows(rows)
+    print(f"wrote {len(rows)} phrasings of {len({i for _, i in rows})} intents to {args.out}")
     return 0
 
 
@@ -313,11 +336,25 @@ def cmd_replay_run(args: argparse.Namespace, settings: Settings) -> int:
             faq = read_faq(Path(args.faq), Policy.load(settings.resolve(settings.policy_file)))
         except (FaqFileError, ValueError) as exc:
             return fail(str(exc))
+    intents = None
+    if args.intents:
+        from app.intents import IntentsFileError, read_intents
+
+        try:
+            intents = read_intents(Path(args.intents))
+        except IntentsFileError as exc:
+            return fail(str(exc))
+        if not args.simulate:
+            # A running Strata: load the team's file into its Redis first (the service's settings).
+            code = cmd_intents(argparse.Namespace(action="load", file=args.intents, name="replay", seed=0, tenant=None,
+                                                  category=args.category), settings)
+            if code:
+                return code
     if args.simulate:
         from app.replay.simulate import run_simulated
 
         report = run_simulated(stream, settings=settings, category=args.category, faq=faq, feedback=args.feedback,
-                               judge=args.judge, judge_error=args.judge_error, review=args.review)
+                               judge=args.judge, judge_error=args.judge_error, review=args.review, intents=intents)
         where = "simulated (own Redis Stack, labelled upstream, in-process Strata)"
     else:
         async def go() -> Report:
@@ -443,6 +480,73 @@ def cmd_keys(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_intents(args: argparse.Namespace, settings: Settings) -> int:
+    """``strata intents load|show|remove``: a team's intents (app/intents.py)."""
+    from redis.exceptions import RedisError
+
+    from app.auth import DEFAULT_TENANT
+    from app.intents import IntentsFileError, load_intents, read_intents
+    from app.policy import Policy
+
+    tenant, category = args.tenant or DEFAULT_TENANT, args.category
+    try:
+        policy = Policy.load(settings.resolve(settings.policy_file))
+    except ValueError as exc:
+        return fail(str(exc))
+    if category not in policy.categories:
+        return fail(f"unknown category {category!r}; known: {', '.join(sorted(policy.categories))}")
+    items = None
+    if args.action == "load":
+        path = Path(args.file)
+        name = args.name or path.stem
+        try:
+            items = read_intents(path)
+        except IntentsFileError as exc:
+            return fail(str(exc))
+        if not settings.semantic.enabled:
+            return fail("intents serve the semantic layer, which is off (STRATA_SEMANTIC_ENABLED=false)")
+
+    async def go() -> str:
+        from app.assembly import open_cache, reconcile
+        from app.cache.storage.intents import IntentStore
+
+        async with open_cache(settings, semantic=args.action == "load") as cache:
+            if cache.shared is None:
+                raise IntentsFileError("Redis did not answer")
+            store = IntentStore(cache.shared)
+            if args.action == "load":
+                assert items is not None
+                for each in cache.each:
+                    await reconcile(each.bucket.redis, each.versions, each.semantic)
+                loaded = await load_intents(cache, policy, items, tenant=tenant, category=category, name=name,
+                                            seed=args.seed)
+                return loaded.line()
+            if args.action == "remove":
+                if not await store.remove(category, tenant):
+                    raise IntentsFileError(f"no intents loaded for tenant {tenant!r} in {category!r}")
+                return f"removed the intents of tenant {tenant!r} in {category!r} (served nowhere within seconds)"
+            head = await store.get(category, tenant)
+            if head is None:
+                raise IntentsFileError(f"no intents loaded for tenant {tenant!r} in {category!r}")
+            m = head.meta
+            return "\n".join([
+                f"{m.name!r} for tenant {m.tenant!r} in {m.category!r}, loaded "
+                f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(m.loaded_at))}, embedder {m.fingerprint}",
+                f"{len(m.intents)} intents, {m.phrasings} phrasings; cross-validated accuracy {m.accuracy:.1%}",
+                f"rule: {m.rule}",
+                f"held out: {m.served_share:.1%} of the phrasings served, {m.held_out_wrong:.2%} of them wrong",
+                "not shared (never served by the head): " + (", ".join(i for i, shared in zip(m.intents, m.shared, strict=True)
+                                                                       if not shared) or "none")])
+
+    try:
+        print(asyncio.run(go()))
+    except IntentsFileError as exc:
+        return fail(str(exc))
+    except (RedisError, OSError) as exc:
+        return fail(f"Redis at {settings.redis.shown_url}: {exc} (the intents in force are unchanged)")
+    return 0
+
+
 def cmd_admin_token(args: argparse.Namespace, settings: Settings) -> int:
     """The console's admin token file: made if missing (``make up``), shown, or rotated."""
     from app.auth import new_admin_token
@@ -515,6 +619,8 @@ def parser() -> argparse.ArgumentParser:
     build.add_argument("--domain", choices=sorted(CLINC_DOMAINS), default="",
                        help="keep only one CLINC domain's intents (bank: banking and credit cards, 30 intents)")
     build.add_argument("--data-dir", default=str(DEFAULT_DATA))
+    build.add_argument("--split", default="", help="CLINC150 splits to draw in-scope questions from (test; default: all), "
+                                                   "out-of-scope ones from oos_<split>")
     build.set_defaults(run=cmd_replay_build)
     run_step = replay_steps.add_parser("run", help="send a stream and report hits by layer, wrong hits, learning curve")
     run_step.add_argument("--stream", required=True, help="JSONL ({text, label} per line) or CSV (text,label)")
@@ -529,6 +635,7 @@ def parser() -> argparse.ArgumentParser:
     run_step.add_argument("--plot", help="PNG of the learning curve (needs the calibrate extra)")
     run_step.add_argument("--json", help="write the report as JSON")
     run_step.add_argument("--faq", help="with --simulate: a curated-answer file to load first (strata replay faq)")
+    run_step.add_argument("--intents", help="a team's intents file to load first (strata intents load; strata replay intents)")
     run_step.add_argument("--feedback", type=float, default=0.0, metavar="RATE",
                           help="share of wrong semantic hits the asker reports with POST /v1/feedback (0 to 1)")
     run_step.add_argument("--judge", choices=("oracle",), default="",
@@ -541,6 +648,16 @@ def parser() -> argparse.ArgumentParser:
     run_step.add_argument("--settle", action="store_true",
                           help="with --url: after each request, wait until strata_judge_pending on /metrics is 0")
     run_step.set_defaults(run=cmd_replay_run)
+    intents_step = replay_steps.add_parser("intents", help="write a team's intents file (CSV text,intent) for replays")
+    intents_step.add_argument("--source", choices=("clinc", "faqset"), default="clinc")
+    intents_step.add_argument("--file", help="with --source faqset: the FAQ set")
+    intents_step.add_argument("--per-intent", type=int, default=0, help="phrasings per intent (0: the whole train split)")
+    intents_step.add_argument("--domain", choices=sorted(CLINC_DOMAINS), default="")
+    intents_step.add_argument("--seed", type=int, default=0)
+    intents_step.add_argument("--data-dir", default=str(DEFAULT_DATA))
+    intents_step.add_argument("--out", required=True)
+    intents_step.set_defaults(run=cmd_replay_intents)
+
     faq_step = replay_steps.add_parser("faq", help="write a curated-answer file of CLINC150 train utterances for replays")
     faq_step.add_argument("--out", required=True, help="YAML file to write")
     faq_step.add_argument("--per-intent", type=int, default=10, help="utterances per intent: a question and its variants")
@@ -572,6 +689,19 @@ def parser() -> argparse.ArgumentParser:
     revoke.add_argument("key_id")
     actions.add_parser("list", help="key ids, state and tenants (never the keys)")
     keys.set_defaults(run=cmd_keys)
+
+    intents = commands.add_parser("intents", help="a team's intents: labelled phrasings that make semantic hits safe")
+    intents_steps = intents.add_subparsers(dest="action", required=True)
+    for action, text in (("load", "fit, calibrate and serve a file of labelled phrasings (CSV text,intent or YAML)"),
+                         ("show", "what is loaded for a tenant and category"), ("remove", "stop serving them")):
+        step = intents_steps.add_parser(action, help=text)
+        if action == "load":
+            step.add_argument("file", help="CSV with the header text,intent, or a YAML list of {intent, phrasings, answer?, shared?}")
+            step.add_argument("--name", help="the load's name (default: the file's stem)")
+            step.add_argument("--seed", type=int, default=0, help="the folds' seed")
+        step.add_argument("--tenant", help="default: the tenant of requests sent without a key")
+        step.add_argument("--category", default="faq", help="an adaptive category (default: faq)")
+        step.set_defaults(run=cmd_intents)
 
     admin_token = commands.add_parser("admin-token", help="the console's admin token file (make up makes it)")
     admin_token.add_argument("action", choices=["ensure", "show", "rotate"],

@@ -65,6 +65,9 @@ class FaqItem(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     answer: str
     tenant: str = "default"
     variants: list[str] = msgspec.field(default_factory=list)
+    # The intent a team's intents file gave this answer (`strata intents load`): its documents are
+    # labelled with it, so a confident question of that intent is served it on its first ask.
+    intent: str | None = None
 
 
 def read_faq(path: Path, policy: Policy) -> list[FaqItem]:
@@ -157,7 +160,8 @@ async def load_faq(redis: Redis, embedder: Embedder, tag: str, items: list[FaqIt
             entry = CacheEntry(question=question, embedding=_bytes(question_vector),
                                answer=curated_completion(item.answer, now), model="", tenant=item.tenant,
                                category=item.category, created_at=now, expires_at=now + category.ttl_seconds,
-                               scope=faq_scope_digest(item.tenant, item.category), root=key, source=SOURCE_FAQ)
+                               scope=faq_scope_digest(item.tenant, item.category), root=key, source=SOURCE_FAQ,
+                               intent=item.intent, intent_confidence=1.0 if item.intent is not None else None)
             documents = [(key, entry)]
             for variant in item.variants:
                 text = normalize_text(variant)

@@ -168,6 +168,12 @@ async def start_cache(resources: Resources) -> None:
     for bucket in resources.cache.each:
         if bucket.semantic is not None:
             resources.spawn(bucket.semantic.hits.run(CACHE_ERRORS), f"semantic-hit-counts {bucket.bucket.keys.namespace}")
+    if resources.cache.intents is not None:
+        try:
+            await resources.cache.intents.refresh()  # before the first request: a loaded head serves at once
+        except CACHE_ERRORS as exc:
+            logger.warning("intent heads not read yet (read again in the background): %r", exc)
+        resources.spawn(resources.cache.intents.run(), "intent-heads")
     if resources.cache.buckets.clustered:
         resources.spawn(follow_cluster(resources), "follow-cluster")
 

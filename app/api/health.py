@@ -9,7 +9,9 @@ from typing import Any
 import msgspec
 from litestar import Controller, Request, Response, get
 
+from app.cache.decision.rules import intent_refuted
 from app.cache.storage.contract import CACHE_ERRORS
+from app.cache.storage.keys import VOUCH_INTENT
 from app.errors import Unauthorized
 from app.lifespan import Resources
 from app.metrics import CONTENT_TYPE
@@ -32,9 +34,49 @@ class HealthController(Controller):
         body: dict[str, Any] = {"status": status, "redis": redis, "upstream": upstream}
         if redis["status"] == "ok" and resources.cache.semantic is not None:
             body["semantic"], warnings = await self._live_precision(resources)
-            if warnings:
-                body["warnings"] = warnings
+            intents, intent_warnings = await self._intents(resources)
+            if intents:
+                body["intents"] = intents
+            if warnings or intent_warnings:
+                body["warnings"] = warnings + intent_warnings
         return body
+
+    @staticmethod
+    async def _intents(resources: Resources) -> tuple[list[dict[str, Any]], list[str]]:
+        """Per tenant and category with intents loaded (``strata intents load``): what is loaded and
+        whether it serves: ``serving``; ``serves_nothing`` (not calibrated under the bound);
+        ``suspended`` (the tenant's explored intent hits refute the calibration, until the next
+        load); ``refused`` (fitted on another embedder)."""
+        heads = resources.cache.intents
+        if heads is None:
+            return [], []
+        found, warnings = [], []
+        tag = resources.cache.known_version
+        semantic = resources.cache.semantic
+        for head in sorted(heads.loaded(), key=lambda h: (h.meta.tenant, h.meta.category)):
+            m = head.meta
+            status = "serving" if m.threshold <= 1 else "serves_nothing"
+            policy = resources.policy.categories.get(m.category)
+            measured: dict[str, int] = {}
+            if status == "serving" and semantic is not None and tag is not None and policy is not None \
+                    and isinstance(policy.semantic, AdaptiveSemantic):
+                try:
+                    counts = await semantic.adaptive.pooled.counts(tag, m.category, m.tenant)
+                except CACHE_ERRORS:
+                    counts = None
+                if counts is not None:
+                    wrong, total = counts.vouched_at_or_above(VOUCH_INTENT, 0)
+                    measured = {"explored": total, "wrong": wrong}
+                    if intent_refuted(counts, policy.semantic):
+                        status = "suspended"
+                        warnings.append(f"intents of tenant {m.tenant} in {m.category} suspended: {wrong} of {total} "
+                                        "measured intent hits were wrong; load them again to re-calibrate")
+            found.append({"tenant": m.tenant, "category": m.category, "name": m.name, "intents": len(m.intents),
+                          "phrasings": m.phrasings, "threshold": m.threshold, "accuracy": m.accuracy,
+                          "served_share": m.served_share, "status": status, "rule": m.rule, **measured})
+        for (tenant, category), why in sorted(heads.refused().items()):
+            found.append({"tenant": tenant, "category": category, "status": "refused", "reason": why})
+        return found, warnings
 
     @staticmethod
     async def _dependencies(resources: Resources) -> tuple[dict[str, Any], bool, str | None]:

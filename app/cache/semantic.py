@@ -23,6 +23,7 @@ from app.cache.readers.base import Reader
 from app.cache.storage.contract import CacheHit, CacheQuery, Candidate, EmbeddingFailed, Nearest, Verdict
 from app.cache.storage.entry import CacheEntry, EntryWriter
 from app.cache.storage.index import CANDIDATES, SemanticIndex, calls_tools
+from app.cache.storage.intents import IntentHeads
 from app.cache.storage.keys import FIELD_QUESTION, FIELD_WRONG_ABOVE, KEYS, Keyspace
 from app.cache.storage.usage import HitCounts
 from app.embed import Embedder
@@ -46,6 +47,7 @@ class SemanticCache:
         memo_size: int = 4096, learning_refresh_s: float = 1.0, keys: Keyspace = KEYS,
         pool_sources: Sequence[tuple[Redis, Keyspace]] = (), max_question_chars: int = 1_000,
         reader: Reader | None = None, on_read: Callable[[str, str], None] | None = None,
+        intents: IntentHeads | None = None,
     ) -> None:
         self._redis = redis
         self.keys = keys
@@ -63,6 +65,7 @@ class SemanticCache:
         self._memo: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
         self._memo_size = memo_size
         self._max_question_chars = max_question_chars
+        self.intents = intents
 
     @property
     def embedder(self) -> Embedder:
@@ -120,7 +123,9 @@ class SemanticCache:
             return None
         vector = await self.vector(question, query.canonical.tenant)
         if policy.adaptive:
-            decided = await self.adaptive.decide(query, question, await self.store_index.candidates(query, vector, ADAPTIVE_CANDIDATES))
+            head = self.intents.get(query.canonical.tenant, query.category.name) if self.intents is not None else None
+            rows = await self.store_index.candidates(query, vector, ADAPTIVE_CANDIDATES)
+            decided = await self.adaptive.decide(query, question, rows, head.guess(vector) if head is not None else None)
             if isinstance(decided, Serve):
                 return self._hit(decided.row, decided.reason, decided.score_bin)
             return decided
@@ -153,7 +158,13 @@ class SemanticCache:
         await self.store_index.index(query.version)
         vector = await self.vector(canonical.question, canonical.tenant)
         key = self.keys.semantic_prefix(query.version) + query.entry_digest
+        # The tenant's intent head, if it has one here, reads the question now: the intent rule
+        # then needs no model at lookup beyond the asked question.
+        head = self.intents.get(canonical.tenant, query.category.name) if self.intents is not None else None
+        guess = head.guess(vector) if head is not None else None
         entry = CacheEntry.for_query(
-            query, completion, scope=query.scope_digest, embedding=vector.astype(np.float32).tobytes(), root=key
+            query, completion, scope=query.scope_digest, embedding=vector.astype(np.float32).tobytes(), root=key,
+            intent=guess.intent if guess is not None else None,
+            intent_confidence=guess.confidence if guess is not None else None,
         )
         await self._writer.write(key, entry, query)

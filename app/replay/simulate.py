@@ -180,7 +180,7 @@ class Reviewer:
 
 def run_simulated(stream: list[Any], *, settings: Settings, category: str, encoder: Any = None,
                   faq: list[Any] | None = None, feedback: float = 0.0, judge: str = "",
-                  judge_error: float = 0.0, review: int = 0, reader: Any = None) -> Any:
+                  judge_error: float = 0.0, review: int = 0, reader: Any = None, intents: list[Any] | None = None) -> Any:
     """Replay a stream through an in-process Strata over an own, empty Redis Stack and the
     labelled upstream; observations settle after every request, so the counts are the same
     on every run of the same stream.
@@ -250,6 +250,17 @@ def run_simulated(stream: list[Any], *, settings: Settings, category: str, encod
                     known = {curated_answer(r.label): r.label for r in stream}
                     for item in faq:
                         known.setdefault(item.answer, f"faq:{item.question}")
+                if intents:
+                    from app.intents import load_intents
+
+                    loaded = await load_intents(resources.cache, resources.policy, intents, tenant="default",
+                                                category=category, name="replay")
+                    print(loaded.line())
+                    assert resources.cache.intents is not None
+                    await resources.cache.intents.refresh()
+                    for item in intents:  # a team's answer is right for its own intent's questions
+                        if item.answer is not None:
+                            known.setdefault(item.answer, item.intent)
                 labels = {normalize_text(r.text): r.label for r in stream}
                 settle = resources.pipeline.settle
                 reviewer = Reviewer(resources, labels, category, review, settle) if review else None

@@ -95,16 +95,20 @@ CLINC_DOMAINS: dict[str, tuple[str, ...]] = {
 
 
 def clinc_stream(path: Path, requests: int = 3000, seed: int = 0, oos_share: float = 0.0,
-                 domain_intents: int = 0, phrasings: int = 0, domain: str = "") -> list[Request]:
+                 domain_intents: int = 0, phrasings: int = 0, domain: str = "",
+                 splits: tuple[str, ...] = ()) -> list[Request]:
     """A CLINC150 stream: in-scope intents by Zipf; with ``oos_share`` that share of requests is
     out of scope, each its own label. ``domain_intents`` > 0 keeps only that many intents (a
     narrower bot); ``domain`` keeps the intents of one of :data:`CLINC_DOMAINS`; ``phrasings`` > 0
     keeps that many utterances per intent (seeded), so that customers repeat each other word for
-    word, as they do."""
+    word, as they do; ``splits`` (``("test",)``) draws from those splits only, out-of-scope queries
+    from ``oos_<split>`` (a team's ``train`` split then never reaches the stream)."""
     groups: dict[str, list[str]] = defaultdict(list)
     out_of_scope = []
     with path.open(encoding="utf-8-sig", newline="") as handle:
         for row in csv.DictReader(handle):
+            if splits and row["split"] not in splits and row["split"] not in {f"oos_{s}" for s in splits}:
+                continue
             text = normalize_text(row["text"])
             if row["intent"] == "oos":
                 out_of_scope.append(text)
@@ -168,6 +172,33 @@ def faqset_faq(path: Path, per_label: int, category: str = "faq") -> list[dict[s
         items.append({"category": category, "question": wordings[0], "variants": wordings[1:],
                       "answer": curated_answer(str(item["label"]))})
     return items
+
+
+def team_intents(source: str, path: Path, per_intent: int = 0, seed: int = 0, domain: str = "") -> list[tuple[str, str]]:
+    """A team's labelled phrasings for ``strata intents load`` (issue #46), as (text, intent) rows:
+    CLINC150's *train* split (every utterance, or ``per_intent`` of each, seeded; one domain's
+    intents with ``domain``), or a FAQ set's first ``per_intent`` wordings per label (what
+    ``replay build --held`` keeps out of its stream)."""
+    rows: list[tuple[str, str]] = []
+    if source == "faqset":
+        for item in read_faqset(path):
+            wordings = [normalize_text(t) for t in (item["question"], *item["variants"])][:max(2, per_intent)]
+            rows.extend((text, str(item["label"])) for text in wordings)
+        return rows
+    groups: dict[str, list[str]] = defaultdict(list)
+    with path.open(encoding="utf-8-sig", newline="") as handle:
+        for row in csv.DictReader(handle):
+            if row["intent"] != "oos" and row["split"] == "train":
+                groups[row["intent"]].append(normalize_text(row["text"]))
+    if domain:
+        groups = defaultdict(list, {name: groups[name] for name in CLINC_DOMAINS[domain]})
+    rng = random.Random(seed)
+    for intent in sorted(groups):
+        texts = sorted(set(groups[intent]))
+        if per_intent:
+            texts = rng.sample(texts, min(per_intent, len(texts)))
+        rows.extend((text, intent) for text in texts)
+    return rows
 
 
 def clinc_faq(path: Path, per_intent: int, seed: int = 0, category: str = "faq") -> list[dict[str, object]]:

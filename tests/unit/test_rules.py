@@ -9,6 +9,7 @@ from app.cache.decision.rules import (
     DocumentVeto,
     EntryRecord,
     Guards,
+    IntentMatch,
     OutsideBound,
     Pool,
     ReaderRule,
@@ -28,10 +29,10 @@ def kinds(policy: AdaptiveSemantic, reader: object = None) -> list[type]:
 
 def test_a_categorys_rules_come_from_its_policy_in_one_order() -> None:
     bare = AdaptiveSemantic(error_bound=0.01)
-    assert kinds(bare) == [Guards, DocumentVeto, CuratedWording, Pool, OutsideBound]
+    assert kinds(bare) == [Guards, DocumentVeto, CuratedWording, IntentMatch, Pool, OutsideBound]
     recorded = AdaptiveSemantic(error_bound=0.01, entry_confirmations=5, reader="serve")
-    assert kinds(recorded, OracleReader({})) == [Guards, DocumentVeto, CuratedWording, Pool, EntryRecord, ReaderRule,
-                                                 OutsideBound]
+    assert kinds(recorded, OracleReader({})) == [Guards, DocumentVeto, CuratedWording, IntentMatch, Pool, EntryRecord,
+                                                 ReaderRule, OutsideBound]
     # A reader configured but off in the policy is not in the list.
     assert ReaderRule not in kinds(AdaptiveSemantic(error_bound=0.01, reader="off"), OracleReader({}))
 

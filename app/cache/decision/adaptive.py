@@ -32,7 +32,8 @@ from app.cache.decision.stats import (
 from app.cache.decision.verify import CandidateCheck
 from app.cache.readers.base import Reader
 from app.cache.storage.contract import CacheQuery, Candidate, Nearest
-from app.cache.storage.keys import KEYS, SOURCE_MODEL, VOUCH_READER, VOUCH_RECORD, Keyspace
+from app.cache.storage.intents import IntentGuess
+from app.cache.storage.keys import FIELD_INTENT, KEYS, SOURCE_MODEL, VOUCH_READER, VOUCH_RECORD, Keyspace, as_text
 from app.policy import AdaptiveSemantic
 
 
@@ -83,13 +84,17 @@ class AdaptiveDecision:
             rules = self._rules[policy] = rules_for(policy, self._check, self._redis, self.reader, self._on_read)
         return rules
 
-    async def decide(self, query: CacheQuery, question: str, rows: Sequence[Nearest]) -> Serve | Candidate | None:
+    async def decide(self, query: CacheQuery, question: str, rows: Sequence[Nearest],
+                     asked_intent: IntentGuess | None = None) -> Serve | Candidate | None:
         """Rule on the nearest row of the band no guard sets aside.
 
         Args:
             query: The planned query (its category is adaptive).
             question: The asked question.
             rows: The KNN result, most similar first.
+            asked_intent: What the tenant's intent head read in the question: when it is sure,
+                the rows of its intent are considered first (the nearest row of another intent
+                does not hide them).
 
         Returns:
             The candidate to serve; or one to learn from once the model has answered (not
@@ -104,6 +109,9 @@ class AdaptiveDecision:
         async def pool() -> PooledCounts:
             return await self.pooled.counts(query.version, query.category.name, query.canonical.tenant)
 
+        if asked_intent is not None and asked_intent.confident:
+            band = [row for row in rows if row.similarity >= policy.threshold]
+            rows = sorted(band, key=lambda row: as_text(row.fields.get(FIELD_INTENT)) != asked_intent.intent)
         for row in rows:
             if row.similarity < policy.threshold:
                 return None  # the band's floor: the rest are below too
@@ -112,7 +120,7 @@ class AdaptiveDecision:
             others = [other.similarity for other in rows if root_of(other) != root]
             score = decision_score(row.similarity, max(others) if others else None, policy.threshold)
             facts = Facts(query=query, question=question, row=row, root=root, score=score,
-                          score_bin=score_bin(score), pool=pool)
+                          score_bin=score_bin(score), pool=pool, asked_intent=asked_intent)
             ruling = await self._rule(facts)
             if ruling.next_row:
                 self._check.held(ruling.verdict.reason)

@@ -30,12 +30,15 @@ from app.cache.decision.stats import (
     milli,
     prior_has_evidence,
     reader_trusted,
+    wilson_interval,
     within_bound,
+    z_of,
 )
 from app.cache.decision.verify import (
     ABOVE_BAND,
     CURATED_WORDING,
     ENTRY_RECORD,
+    INTENT_MATCH,
     OUTSIDE_BOUND,
     READER_ACCEPTED,
     READER_REJECTED,
@@ -45,7 +48,18 @@ from app.cache.decision.verify import (
 )
 from app.cache.readers.base import READ_FAILED, READ_NO, READ_YES, Reader, ReadPair
 from app.cache.storage.contract import CacheQuery, Nearest, Verdict
-from app.cache.storage.keys import FIELD_QUESTION, FIELD_WRONG_ABOVE, SOURCE_MODEL, VOUCH_READER, VOUCH_RECORD
+from app.cache.storage.intents import IntentGuess
+from app.cache.storage.keys import (
+    FIELD_INTENT,
+    FIELD_INTENT_CONFIDENCE,
+    FIELD_QUESTION,
+    FIELD_WRONG_ABOVE,
+    SOURCE_MODEL,
+    VOUCH_INTENT,
+    VOUCH_READER,
+    VOUCH_RECORD,
+    as_text,
+)
 from app.policy import AdaptiveSemantic
 
 
@@ -85,6 +99,7 @@ class Facts:
         score_bin: That score's bin.
         read_later: Set by the reader rule: the reader reads it after the response (it is not
             trusted at this score yet), and its verdict is counted against the model's answer.
+        asked_intent: What the tenant's intent head read in the asked question (``None``: no head).
         in_prior: Set by the pool rule: the candidate is in the prior's zone (``accept_above`` and
             up, with its evidence); a serve there is reported as ``above_band`` whatever vouched.
     """
@@ -98,6 +113,7 @@ class Facts:
     pool: Callable[[], Awaitable[PooledCounts]]
     read_later: bool = False
     in_prior: bool = False
+    asked_intent: IntentGuess | None = None
     _counts: PooledCounts | None = field(default=None, repr=False)
 
     @property
@@ -204,6 +220,40 @@ class CuratedWording(Rule):
         return refuse(WRONG_BEFORE) if await self._entry_veto.vetoed(facts) else serve(CURATED_WORDING)
 
 
+class IntentMatch(Rule):
+    """The team's intents (issue #46): the asked question and the cached one are both given one
+    shared intent at the calibrated confidence, and the tenant's explored intent hits do not
+    refute the calibration (their Wilson lower bound of wrong is within the bound)."""
+
+    name = "intent match"
+    reasons = (INTENT_MATCH, WRONG_BEFORE)
+    reads = "the head's reading of the asked question; the document's `intent`, `intent_confidence`; the pool's `intent_*:<bin>`"
+    counts = "`intent_ok:<bin>`/`intent_wrong:<bin>` when explored or marked wrong, never the pool's bins"
+
+    def __init__(self, entry_veto: EntryVeto) -> None:
+        self._entry_veto = entry_veto
+
+    async def __call__(self, facts: Facts) -> Ruling | None:
+        guess = facts.asked_intent
+        if guess is None or not guess.confident or not guess.shared:
+            return None
+        fields = facts.row.fields
+        if as_text(fields.get(FIELD_INTENT)) != guess.intent:
+            return None
+        if float(as_text(fields.get(FIELD_INTENT_CONFIDENCE)) or 0.0) < guess.threshold:
+            return None
+        if intent_refuted(await facts.counts(), facts.policy):
+            return None
+        return refuse(WRONG_BEFORE) if await self._entry_veto.vetoed(facts) else serve(INTENT_MATCH, VOUCH_INTENT)
+
+
+def intent_refuted(counts: PooledCounts, policy: AdaptiveSemantic) -> bool:
+    """Whether the tenant's measured intent hits refute the calibration: the Wilson lower bound
+    of their wrong share, every score together, is above the bound."""
+    wrong, total = counts.vouched_at_or_above(VOUCH_INTENT, 0)
+    return bool(total) and wilson_interval(wrong, total, z_of(policy.confidence))[0] > policy.error_bound
+
+
 class Pool(Rule):
     """The tenant's pooled observations at this score or above keep wrong hits under the bound
     (Wilson upper bound); from ``accept_above`` on, the prior: merely not refuted (lower bound),
@@ -302,7 +352,8 @@ def rules_for(policy: AdaptiveSemantic, check: CandidateCheck, redis: Redis, rea
               on_read: Callable[[str, str], None]) -> tuple[Rule, ...]:
     """The ordered rules of an adaptive category: the one place the list is built."""
     entry_veto = EntryVeto(redis)
-    rules: list[Rule] = [Guards(check), DocumentVeto(), CuratedWording(entry_veto), Pool(check, entry_veto)]
+    rules: list[Rule] = [Guards(check), DocumentVeto(), CuratedWording(entry_veto), IntentMatch(entry_veto),
+                         Pool(check, entry_veto)]
     if policy.entry_confirmations > 0:
         rules.append(EntryRecord(redis))
     if reader is not None and policy.reader != "off":
@@ -336,8 +387,8 @@ class Explore(Described):
         return ruling.verdict.reason == READER_REJECTED and self._draw() < policy.explore
 
 
-RULE_ORDER: tuple[type[Described], ...] = (Guards, DocumentVeto, CuratedWording, Pool, EntryRecord, ReaderRule, OutsideBound,
-                                Explore)
+RULE_ORDER: tuple[type[Described], ...] = (Guards, DocumentVeto, CuratedWording, IntentMatch, Pool, EntryRecord,
+                                           ReaderRule, OutsideBound, Explore)
 
 
 def rule_table() -> str:

@@ -21,6 +21,8 @@ from app.cache.storage.keys import (
     OBS_CONFIRMED,
     OBS_EXPLORED_OK,
     OBS_EXPLORED_WRONG,
+    OBS_INTENT_OK,
+    OBS_INTENT_WRONG,
     OBS_OK,
     OBS_READER_NO_OK,
     OBS_READER_NO_WRONG,
@@ -29,6 +31,7 @@ from app.cache.storage.keys import (
     OBS_RECORD_OK,
     OBS_RECORD_WRONG,
     OBS_WRONG,
+    VOUCH_INTENT,
     VOUCH_READER,
     VOUCH_RECORD,
     Keyspace,
@@ -93,10 +96,12 @@ def z_of(confidence: float) -> float:
 
 
 # Per-bin kinds of a pool: the answered misses' own, and those of the rules that vouch beside it.
-_BINNED_KINDS = (OBS_OK, OBS_WRONG, OBS_RECORD_OK, OBS_RECORD_WRONG, OBS_READER_OK, OBS_READER_WRONG,
+_BINNED_KINDS = (OBS_OK, OBS_WRONG, OBS_RECORD_OK, OBS_RECORD_WRONG, OBS_READER_OK, OBS_READER_WRONG, OBS_INTENT_OK,
+                 OBS_INTENT_WRONG,
                  OBS_READER_NO_OK, OBS_READER_NO_WRONG)
 # Each vouching rule's (right, wrong) kinds.
-VOUCH_KINDS = {VOUCH_RECORD: (OBS_RECORD_OK, OBS_RECORD_WRONG), VOUCH_READER: (OBS_READER_OK, OBS_READER_WRONG)}
+VOUCH_KINDS = {VOUCH_RECORD: (OBS_RECORD_OK, OBS_RECORD_WRONG), VOUCH_READER: (OBS_READER_OK, OBS_READER_WRONG),
+               VOUCH_INTENT: (OBS_INTENT_OK, OBS_INTENT_WRONG)}
 
 
 class PooledCounts:

@@ -25,6 +25,8 @@ from app.cache.storage.keys import (
     FIELD_EXPIRES_AT,
     FIELD_GENERATION,
     FIELD_HITS,
+    FIELD_INTENT,
+    FIELD_INTENT_CONFIDENCE,
     FIELD_MODEL,
     FIELD_QUESTION,
     FIELD_ROOT,
@@ -61,6 +63,9 @@ class CacheEntry(msgspec.Struct, frozen=True, kw_only=True):
         generation: The (category, tenant) generation it was stored under, once its scope has
             had a targeted invalidation (a sweep deletes entries of older generations).
         user: The user it belongs to, in a per-user category (``strata cache invalidate --user``).
+        intent: The intent the tenant's intent head gave its question (semantic entries, when
+            the team loaded intents), or the team's own label of a curated answer.
+        intent_confidence: How sure the head was (1.0 for the team's own label).
     """
 
     question: str
@@ -77,6 +82,8 @@ class CacheEntry(msgspec.Struct, frozen=True, kw_only=True):
     source: str | None = None
     generation: str | None = None
     user: str | None = None
+    intent: str | None = None
+    intent_confidence: float | None = None
 
     @classmethod
     def for_query(cls, query: CacheQuery, answer: bytes, *, now: int | None = None, **extra: Any) -> CacheEntry:
@@ -131,6 +138,9 @@ class CacheEntry(msgspec.Struct, frozen=True, kw_only=True):
             fields[FIELD_GENERATION] = self.generation
         if self.user is not None:
             fields[FIELD_USER] = self.user
+        if self.intent is not None:
+            fields[FIELD_INTENT] = self.intent
+            fields[FIELD_INTENT_CONFIDENCE] = round(self.intent_confidence or 0.0, 4)
         return fields
 
     @classmethod
@@ -156,6 +166,8 @@ class CacheEntry(msgspec.Struct, frozen=True, kw_only=True):
                 source=text.get(FIELD_SOURCE),
                 generation=text.get(FIELD_GENERATION),
                 user=text.get(FIELD_USER),
+                intent=text.get(FIELD_INTENT),
+                intent_confidence=float(text[FIELD_INTENT_CONFIDENCE]) if FIELD_INTENT_CONFIDENCE in text else None,
                 embedding=embedding.encode() if isinstance(embedding, str) else embedding,
                 **{name: int(text[name]) for name in _INTEGER_FIELDS},
             )

@@ -28,6 +28,8 @@ from app.cache.storage.keys import (
     FIELD_ANSWER,
     FIELD_CATEGORY,
     FIELD_EMBEDDING,
+    FIELD_INTENT,
+    FIELD_INTENT_CONFIDENCE,
     FIELD_QUESTION,
     FIELD_ROOT,
     FIELD_SCOPE,
@@ -109,7 +111,8 @@ class SemanticIndex:
         knn = VectorQuery(
             vector=vector.astype(np.float32).tobytes(),
             vector_field_name=FIELD_EMBEDDING,
-            return_fields=[FIELD_QUESTION, FIELD_ANSWER, FIELD_ROOT, FIELD_WRONG_ABOVE, FIELD_SOURCE],
+            return_fields=[FIELD_QUESTION, FIELD_ANSWER, FIELD_ROOT, FIELD_WRONG_ABOVE, FIELD_SOURCE, FIELD_INTENT,
+                           FIELD_INTENT_CONFIDENCE],
             filter_expression=scope_filter(query),
             num_results=limit,
             return_score=True,

@@ -30,6 +30,10 @@ Redis key layout (every name readable with ``redis-cli``)::
     strata:fb:<nonce>              STRING  the verdict given on one response (POST /v1/feedback), until
                                            its id expires (STRATA_FEEDBACK_TTL_S): one per response.
                                            A hit writes nothing: its id carries what served it
+    strata:meta:intents:<category>:<tenant>
+                                   HASH    a team's intent head (`strata intents load`): meta (JSON: intents,
+                                           shared flags, calibrated threshold, embedder, measures), weights
+                                           and bias (float32 bytes); strata:meta:intents-generation counts changes
     strata:console:ended:<session id>
                                    STRING  a console session signed out: refused until it would have
                                            expired anyway (its TTL), so the table never outgrows the sessions
@@ -66,6 +70,10 @@ NAMESPACE = "strata"
 AUDIT_KEY = f"{NAMESPACE}:meta:audit"
 # The secret response ids are signed with when none is configured (app/cache/learning/receipts.py).
 RESPONSE_SECRET_KEY = f"{NAMESPACE}:meta:response_id_secret"
+# The intent heads the teams loaded (`strata intents load`): one hash per category and tenant, and a
+# counter every load or removal bumps, so every worker reloads within seconds (app/cache/storage/intents.py).
+INTENTS_PREFIX = f"{NAMESPACE}:meta:intents:"
+INTENTS_GENERATION_KEY = f"{NAMESPACE}:meta:intents-generation"
 # The console's sessions signed out, and its failed sign-ins (app/web/guard.py).
 CONSOLE_ENDED_PREFIX = f"{NAMESPACE}:console:ended:"
 CONSOLE_SIGNIN_PREFIX = f"{NAMESPACE}:console:signin:"
@@ -100,6 +108,10 @@ SOURCE_MODEL = "model"
 SOURCE_FAQ = "faq"
 FIELD_ALIASES = "aliases"
 FIELD_WRONG_ABOVE = "wrong_above"
+# A semantic document's intent, as the tenant's intent head read its question when it was stored
+# (or the team's own label, for a curated answer of an intent), and how sure the head was.
+FIELD_INTENT = "intent"
+FIELD_INTENT_CONFIDENCE = "intent_confidence"
 OBS_OK = "ok"
 OBS_WRONG = "wrong"
 # On an entry: equivalent observations of any of its documents per score bin (its own record).
@@ -126,9 +138,13 @@ OBS_READER_OK = "reader_ok"
 OBS_READER_WRONG = "reader_wrong"
 OBS_READER_NO_OK = "reader_no_ok"
 OBS_READER_NO_WRONG = "reader_no_wrong"
+# ``intent_ok:<bin>`` / ``intent_wrong:<bin>``: the team's intent rule's explored hits (issue #46).
+OBS_INTENT_OK = "intent_ok"
+OBS_INTENT_WRONG = "intent_wrong"
 # The rules whose verdicts are counted so (a candidate's ``vouched``).
 VOUCH_RECORD = "record"
 VOUCH_READER = "reader"
+VOUCH_INTENT = "intent"
 
 # Request fields that never change what the model answers: left out of keys and scopes.
 NON_OUTPUT_FIELDS = frozenset(
@@ -414,3 +430,8 @@ def canonicalize(
         last=messages[-1],
         question=question,
     )
+
+
+def intents_key(category: str, tenant: str) -> str:
+    """A tenant's intent head in a category (the tenant last: a ``:`` in its name splits nothing)."""
+    return f"{INTENTS_PREFIX}{category}:{tenant}"

@@ -1,0 +1,213 @@
+"""Fitting and calibrating a team's intent head (issue #46).
+
+The head is a linear softmax over the team's intents on the deployment's unit-length sentence
+vectors (Casanueva et al. 2020 put such light heads on frozen encoders), fitted by full-batch Adam
+with a small L2 penalty, from the intents' prototypes. Numpy only: 15,000 phrasings of 150
+intents fit in seconds on this machine (docs/QUALITY.md).
+
+**The serving rule and its guarantee.** A candidate is served by the intent rule when the asked
+question and a cached one in the band are given the same intent with confidence at least ``t``.
+``t`` is chosen on the team's data alone by Learn-then-Test (Angelopoulos et al.): folds of the
+phrasings are held out, and in each fold a tenth of the intents is held out whole, so their
+phrasings stand for questions of no intent of the team's (out of scope). Each fold is replayed as a
+stream would meet it: each held-out phrasing asks, the fold's other phrasings are the cache (its
+nearest 8 at the category's floor or above, as the KNN finds them), and the rule serves it or not;
+served, it is wrong when the cached phrasing has another label, or always when its own intent was
+held out. For thresholds from the most confident down (a grid of the confidences' quantiles: it
+depends on no label), the null "wrong share of the rule's hits at ``t`` > error_bound" is tested
+with the exact binomial tail at ``delta``; the threshold is the lowest of that fixed sequence
+rejected before the first that is not (the order starts at the most confident tenth, fixed before
+any data). So, with the category's ``confidence`` (``delta`` = 1 - confidence) over the held-out
+folds simulated as streams, the rule's wrong share is at most the category's ``error_bound``, out-of-scope questions
+counted as wrong. A team with too few phrasings to show it (:func:`fewest_to_show`: about 300 hits
+at 1%) gets a rule that serves nothing, and is told so.
+"""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+import numpy as np
+
+# Learn-then-Test's risk level: the threshold holds with this probability.
+DELTA = 0.05
+FOLDS = 5
+# Share of the intents held out whole in each fold, to stand for questions of no known intent.
+UNKNOWN_SHARE = 0.1
+EPOCHS = 150
+L2 = 1e-4
+LEARNING_RATE = 0.05
+# The fixed sequence of thresholds: the confidences at which these shares of the held-out phrasings
+# are at or above, most confident first, from the first at which the rule would serve
+# :func:`fewest_to_show` held-out questions (the most confident tenth is left out: there a few
+# mislabelled phrasings decide alone).
+START_SHARE = 0.10
+SHARE_STEP = 0.025
+
+
+def fit_softmax(vectors: np.ndarray, labels: np.ndarray, classes: int, *, epochs: int = EPOCHS,
+                seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Weights ``(dims, classes)`` and bias ``(classes,)`` of a softmax head (a class without
+    phrasings keeps a zero prototype and learns only to stay unlikely)."""
+    x = np.asarray(vectors, dtype=np.float32)
+    n = x.shape[0]
+    onehot = np.zeros((n, classes), dtype=np.float32)
+    onehot[np.arange(n), labels] = 1.0
+    counts = np.maximum(onehot.sum(axis=0), 1.0)
+    prototypes = (onehot.T @ x) / counts[:, None]
+    prototypes /= np.maximum(np.linalg.norm(prototypes, axis=1, keepdims=True), 1e-9)
+    weights = (prototypes.T * 10.0).astype(np.float32)
+    bias = np.zeros(classes, dtype=np.float32)
+    moments = [np.zeros_like(weights), np.zeros_like(weights), np.zeros_like(bias), np.zeros_like(bias)]
+    beta1, beta2 = 0.9, 0.999
+    for step in range(1, epochs + 1):
+        logits = x @ weights + bias
+        logits -= logits.max(axis=1, keepdims=True)
+        probabilities = np.exp(logits)
+        probabilities /= probabilities.sum(axis=1, keepdims=True)
+        error = (probabilities - onehot) / n
+        grads = (x.T @ error + L2 * weights, error.sum(axis=0))
+        for i, (param, grad) in enumerate(zip((weights, bias), grads, strict=True)):
+            m, v = moments[2 * i], moments[2 * i + 1]
+            m *= beta1
+            m += (1 - beta1) * grad
+            v *= beta2
+            v += (1 - beta2) * grad * grad
+            param -= LEARNING_RATE * (m / (1 - beta1 ** step)) / (np.sqrt(v / (1 - beta2 ** step)) + 1e-8)
+    return weights, bias
+
+
+def predict(weights: np.ndarray, bias: np.ndarray, vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    logits = np.asarray(vectors, dtype=np.float32) @ weights + bias
+    logits -= logits.max(axis=1, keepdims=True)
+    probabilities = np.exp(logits)
+    probabilities /= probabilities.sum(axis=1, keepdims=True)
+    return probabilities.argmax(axis=1), probabilities.max(axis=1)
+
+
+def binomial_tail(wrong: int, served: int, rate: float) -> float:
+    """P(X <= wrong) for X ~ Binomial(served, rate): the p-value of "the wrong share is above rate"."""
+    if served == 0:
+        return 1.0
+    total = 0.0
+    for i in range(wrong + 1):
+        log_term = (math.lgamma(served + 1) - math.lgamma(i + 1) - math.lgamma(served - i + 1)
+                    + i * math.log(rate) + (served - i) * math.log1p(-rate))
+        total += math.exp(log_term)
+    return min(1.0, total)
+
+
+def fewest_to_show(rate: float, delta: float = DELTA) -> int:
+    """Served phrasings needed before even a clean record rejects "wrong share > rate" at ``delta``:
+    with fewer, no threshold can be certified (about 600 at 0.5%, 300 at 1%)."""
+    return math.ceil(math.log(delta) / math.log1p(-rate))
+
+
+class Calibration(msgspec.Struct, frozen=True, kw_only=True):
+    """What the held-out folds said.
+
+    Attributes:
+        threshold: The confidence the rule serves at (above 1: it serves nothing).
+        accuracy: Cross-validated accuracy on the known intents' phrasings.
+        served_share: Share of the known intents' held-out phrasings at the threshold or above.
+        held_out_wrong: Wrong share of all held-out phrasings at the threshold or above (unknown intents included).
+        held_out: Held-out predictions made (every phrasing once).
+        unknown_served: Phrasings of held-out intents at the threshold or above.
+    """
+
+    threshold: float
+    accuracy: float
+    served_share: float
+    held_out_wrong: float
+    held_out: int
+    unknown_served: int
+
+
+class Fold(msgspec.Struct, frozen=True, kw_only=True):
+    """One held-out fold as a little stream: each phrasing asks, the others are the cache."""
+
+    labels: np.ndarray
+    predicted: np.ndarray
+    confidence: np.ndarray
+    unknown: np.ndarray
+    neighbours: np.ndarray  # (n, NEIGHBOURS): the nearest other phrasings, most similar first; -1: none in the band
+
+
+NEIGHBOURS = 8
+
+
+def held_out_folds(vectors: np.ndarray, labels: np.ndarray, classes: int, floor: float, *, folds: int = FOLDS,
+                   unknown_share: float = UNKNOWN_SHARE, seed: int = 0, epochs: int = EPOCHS) -> list[Fold]:
+    """Each fold's phrasings predicted by a head fitted without them (and without a tenth of the
+    intents, whose phrasings stand for unknown questions), with their nearest neighbours in the
+    fold at ``floor`` or above, as the cache's KNN would find them."""
+    rng = np.random.default_rng(seed)
+    fold_of = np.empty(len(labels), dtype=int)
+    for label in range(classes):
+        members = np.flatnonzero(labels == label)
+        rng.shuffle(members)
+        fold_of[members] = (np.arange(len(members)) + rng.integers(folds)) % folds
+    order = rng.permutation(classes)
+    held = math.floor(unknown_share * classes)  # none held out of fewer than ten intents
+    result = []
+    for fold in range(folds):
+        start = (fold * held) % max(1, classes)
+        hidden = order[start:start + held] if held else np.array([], dtype=int)
+        is_hidden = np.isin(labels, hidden)
+        train, test = (fold_of != fold) & ~is_hidden, fold_of == fold
+        weights, bias = fit_softmax(vectors[train], labels[train], classes, epochs=epochs, seed=seed)
+        predicted, sure = predict(weights, bias, vectors[test])
+        similarity = vectors[test] @ vectors[test].T
+        np.fill_diagonal(similarity, -1.0)
+        nearest = np.argsort(-similarity, axis=1)[:, :NEIGHBOURS]
+        nearest = np.where(np.take_along_axis(similarity, nearest, axis=1) >= floor, nearest, -1)
+        result.append(Fold(labels=labels[test], predicted=predicted, confidence=sure, unknown=is_hidden[test],
+                           neighbours=nearest))
+    return result
+
+
+def rule_outcomes(fold: Fold, threshold: float) -> tuple[np.ndarray, np.ndarray]:
+    """(served, wrong) per asking phrasing: served when it and one of its neighbours in the band
+    are given the same intent at ``threshold`` or above; wrong when that neighbour has another
+    label, or the asker's intent is unknown to the head (out of scope: always wrong)."""
+    candidates = fold.neighbours
+    valid = candidates >= 0
+    safe = np.where(valid, candidates, 0)
+    matches = valid & (fold.predicted[safe] == fold.predicted[:, None]) & (fold.confidence[safe] >= threshold)
+    served = (fold.confidence >= threshold) & matches.any(axis=1)
+    first = safe[np.arange(len(safe)), matches.argmax(axis=1)]
+    wrong = served & ((fold.labels[first] != fold.labels) | fold.unknown)
+    return served, wrong
+
+
+def calibrate(vectors: np.ndarray, labels: np.ndarray, classes: int, error_bound: float, floor: float, *,
+              delta: float = DELTA, seed: int = 0, folds: int = FOLDS, epochs: int = EPOCHS) -> Calibration:
+    """The threshold of the intent rule under ``error_bound`` (the module's procedure)."""
+    held = held_out_folds(vectors, labels, classes, floor, folds=folds, seed=seed, epochs=epochs)
+    confidence = np.concatenate([f.confidence for f in held])
+    unknown = np.concatenate([f.unknown for f in held])
+    right = np.concatenate([(f.predicted == f.labels) & ~f.unknown for f in held])
+    threshold = 1.01
+    shares = np.arange(START_SHARE, 1.0 + 1e-9, SHARE_STEP)
+    served, wrong = np.zeros(0, dtype=bool), np.zeros(0, dtype=bool)
+    enough = fewest_to_show(error_bound, delta)
+    started = False
+    for tau in sorted({float(np.quantile(confidence, 1.0 - share)) for share in shares}, reverse=True):
+        outcomes = [rule_outcomes(f, tau) for f in held]
+        trial_served = np.concatenate([o[0] for o in outcomes])
+        trial_wrong = np.concatenate([o[1] for o in outcomes])
+        # The sequence starts where the rule would serve enough to show the bound at all: how much
+        # it serves depends on no label (the head's readings and the neighbours only).
+        started = started or int(trial_served.sum()) >= enough
+        if not started:
+            continue
+        if binomial_tail(int(trial_wrong.sum()), int(trial_served.sum()), error_bound) > delta:
+            break
+        threshold, served, wrong = tau, trial_served, trial_wrong
+    known = ~unknown
+    return Calibration(
+        threshold=threshold, accuracy=float(right[known].mean()) if known.any() else 0.0,
+        served_share=float((served & known).sum() / max(1, known.sum())) if served.size else 0.0,
+        held_out_wrong=float(wrong.sum() / max(1, served.sum())) if served.size else 0.0, held_out=len(labels),
+        unknown_served=int((served & unknown).sum()) if served.size else 0)

@@ -1,0 +1,218 @@
+"""A team's intents, as a head on the deployment's embedder (issue #46): the stored form and the
+worker's copy.
+
+``strata intents load`` fits a linear softmax head over the team's labelled phrasings and
+calibrates the confidence it serves at (app/cache/learning/intents.py); it is kept in Redis per
+category and tenant as plain arrays and JSON (``strata:meta:intents:<category>:<tenant>``: fields
+``meta``, ``weights``, ``bias``), tied to the embedder's fingerprint. Every load and removal bumps
+``strata:meta:intents-generation``; each worker checks it every :data:`REFRESH_S` seconds and
+reloads, so every worker and instance serves with a new load within seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+
+import msgspec
+import numpy as np
+
+from app.cache.storage.contract import CACHE_ERRORS, SharedRedis
+from app.cache.storage.keys import INTENTS_GENERATION_KEY, INTENTS_PREFIX, as_text, intents_key
+
+logger = logging.getLogger("strata.intents")
+
+# How often a worker looks for a new load (a load is served everywhere within this, plus a read).
+REFRESH_S = 2.0
+
+
+class HeadMeta(msgspec.Struct, frozen=True, kw_only=True):
+    """What a head knows of itself, readable with ``redis-cli HGET ... meta``.
+
+    Attributes:
+        name: The load's name (``--name``, the file's stem by default).
+        tenant: Whose head.
+        category: The category it serves.
+        intents: The intents, in the order of the weights' columns.
+        shared: Per intent, whether one answer serves every question of it (``shared: false``:
+            the answer depends on what the question names, so the head never serves it).
+        threshold: The calibrated confidence: both questions at least this sure of one intent.
+        fingerprint: The embedder it was fitted on (``name:dims``); another embedder refuses it.
+        phrasings: Labelled phrasings it was fitted on (the curated answers' questions and variants included).
+        accuracy: Cross-validated accuracy over the phrasings.
+        served_share: Share of the held-out in-scope phrasings the rule would serve (right or not).
+        held_out_wrong: Of the held-out phrasings at the threshold (unknown intents included), the wrong share.
+        error_bound: The category's bound the threshold was calibrated for.
+        rule: The calibrated rule in words.
+        loaded_at: Unix time of the load.
+    """
+
+    name: str
+    tenant: str
+    category: str
+    intents: list[str]
+    shared: list[bool]
+    threshold: float
+    fingerprint: str
+    phrasings: int
+    accuracy: float
+    served_share: float
+    held_out_wrong: float
+    error_bound: float
+    rule: str
+    loaded_at: int
+
+
+class IntentGuess(msgspec.Struct, frozen=True, kw_only=True):
+    """What a head reads in one question."""
+
+    intent: str
+    confidence: float
+    confident: bool
+    shared: bool
+    threshold: float
+
+
+class IntentHead:
+    """A fitted head: ``softmax(x @ weights + bias)`` over the intents, on unit-length vectors.
+
+    Args:
+        meta: What it knows of itself.
+        weights: ``(dims, intents)`` float32.
+        bias: ``(intents,)`` float32.
+    """
+
+    def __init__(self, meta: HeadMeta, weights: np.ndarray, bias: np.ndarray) -> None:
+        self.meta = meta
+        self.weights = np.asarray(weights, dtype=np.float32)
+        self.bias = np.asarray(bias, dtype=np.float32)
+
+    def probabilities(self, vectors: np.ndarray) -> np.ndarray:
+        logits = np.asarray(vectors, dtype=np.float32) @ self.weights + self.bias
+        logits -= logits.max(axis=1, keepdims=True)
+        exp = np.exp(logits)
+        result: np.ndarray = exp / exp.sum(axis=1, keepdims=True)
+        return result
+
+    def predict(self, vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(intent index, confidence) of each row."""
+        probabilities = self.probabilities(np.atleast_2d(vectors))
+        return probabilities.argmax(axis=1), probabilities.max(axis=1)
+
+    def guess(self, vector: np.ndarray) -> IntentGuess:
+        index, confidence = self.predict(vector)
+        i, sure = int(index[0]), float(confidence[0])
+        return IntentGuess(intent=self.meta.intents[i], confidence=sure, confident=sure >= self.meta.threshold,
+                           shared=self.meta.shared[i], threshold=self.meta.threshold)
+
+    def to_hash(self) -> dict[str, bytes]:
+        return {"meta": msgspec.json.encode(self.meta), "weights": self.weights.tobytes(), "bias": self.bias.tobytes()}
+
+    @classmethod
+    def from_hash(cls, raw: Mapping[bytes | str, bytes | str]) -> IntentHead:
+        """Raises ``ValueError`` for a hash that is not a head Strata wrote."""
+        fields = {str(as_text(k)): v.encode() if isinstance(v, str) else v for k, v in raw.items()}
+        try:
+            meta = msgspec.json.decode(fields["meta"], type=HeadMeta)
+            count = len(meta.intents)
+            weights = np.frombuffer(fields["weights"], dtype=np.float32)
+            bias = np.frombuffer(fields["bias"], dtype=np.float32)
+        except (KeyError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise ValueError(f"not an intent head: {exc}") from exc
+        if bias.size != count or weights.size % count:
+            raise ValueError("an intent head whose arrays do not match its intents")
+        return cls(meta, weights.reshape(-1, count), bias)
+
+
+class IntentStore:
+    """The heads in Redis (the shared client: they live outside any bucket)."""
+
+    def __init__(self, redis: SharedRedis) -> None:
+        self._redis = redis
+
+    async def save(self, head: IntentHead) -> None:
+        """Replace a tenant's head in a category atomically (a reader sees the old one or the new)."""
+        key = intents_key(head.meta.category, head.meta.tenant)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.delete(key)
+            pipe.hset(key, mapping=head.to_hash())  # type: ignore[arg-type]
+            await pipe.execute()
+        await self._redis.incr(INTENTS_GENERATION_KEY)
+
+    async def remove(self, category: str, tenant: str) -> bool:
+        removed = bool(await self._redis.delete(intents_key(category, tenant)))
+        if removed:
+            await self._redis.incr(INTENTS_GENERATION_KEY)
+        return removed
+
+    async def get(self, category: str, tenant: str) -> IntentHead | None:
+        fields = await self._redis.hgetall(intents_key(category, tenant))
+        return IntentHead.from_hash(fields) if fields else None
+
+    async def generation(self) -> int:
+        return int(await self._redis.get(INTENTS_GENERATION_KEY) or 0)
+
+    async def all(self) -> list[IntentHead]:
+        heads = []
+        async for key in self._redis.scan_iter(match=INTENTS_PREFIX + "*", count=500):
+            fields = await self._redis.hgetall(key)
+            try:
+                heads.append(IntentHead.from_hash(fields))
+            except ValueError as exc:
+                logger.warning("intent head %s unreadable, not served: %s", as_text(key), exc)
+        return heads
+
+
+class IntentHeads:
+    """This worker's copy of every head, refreshed when the generation moves.
+
+    Args:
+        store: Where the heads are kept.
+        fingerprint: This deployment's embedder (``name:dims``): a head of another is not served.
+    """
+
+    def __init__(self, store: IntentStore, fingerprint: str) -> None:
+        self._store = store
+        self.fingerprint = fingerprint
+        self._heads: dict[tuple[str, str], IntentHead] = {}
+        self._refused: dict[tuple[str, str], str] = {}
+        self._generation = -1
+        self.checked_at = 0.0
+
+    def get(self, tenant: str, category: str) -> IntentHead | None:
+        """The tenant's head in the category, if one is loaded for this embedder."""
+        return self._heads.get((tenant, category))
+
+    def loaded(self) -> list[IntentHead]:
+        return list(self._heads.values())
+
+    def refused(self) -> dict[tuple[str, str], str]:
+        """Heads loaded but not served here, and why (another embedder)."""
+        return dict(self._refused)
+
+    async def refresh(self) -> bool:
+        """Reload when a head was loaded or removed anywhere; returns whether it reloaded."""
+        self.checked_at = time.monotonic()
+        generation = await self._store.generation()
+        if generation == self._generation:
+            return False
+        heads, refused = {}, {}
+        for head in await self._store.all():
+            where = (head.meta.tenant, head.meta.category)
+            if head.meta.fingerprint != self.fingerprint:
+                refused[where] = f"fitted on {head.meta.fingerprint}, this deployment embeds with {self.fingerprint}"
+                continue
+            heads[where] = head
+        self._heads, self._refused, self._generation = heads, refused, generation
+        return True
+
+    async def run(self) -> None:
+        """Refresh every :data:`REFRESH_S` seconds until cancelled; a Redis failure keeps the copy."""
+        while True:
+            try:
+                await self.refresh()
+            except CACHE_ERRORS as exc:
+                logger.debug("intent heads not refreshed (kept): %r", exc)
+            await asyncio.sleep(REFRESH_S)

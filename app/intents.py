@@ -1,0 +1,264 @@
+"""``strata intents``: a team teaches the cache its intents (issue #46).
+
+A file of labelled phrasings (CSV ``text,intent``, or YAML: a list of ``{intent, phrasings,
+answer?, shared?}``) is checked whole first; then a head is fitted on the deployment's embedder
+and calibrated on the team's data alone (app/cache/learning/intents.py), stored per tenant and
+category (app/cache/storage/intents.py), the category's existing documents labelled with it, and
+the intents' own answers, if given, stored as curated answers of their intent. The curated FAQ of
+that tenant and category (``strata faq load``) counts as labelled phrasings too: each entry an
+intent, its question and variants its phrasings.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import time
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import yaml
+from redisvl.query import FilterQuery
+from redisvl.query.filter import Tag
+
+from app.cache.learning.intents import calibrate, fewest_to_show, fit_softmax
+from app.cache.storage.intents import HeadMeta, IntentHead, IntentStore
+from app.cache.storage.keys import (
+    FIELD_CATEGORY,
+    FIELD_EMBEDDING,
+    FIELD_INTENT,
+    FIELD_INTENT_CONFIDENCE,
+    FIELD_QUESTION,
+    FIELD_ROOT,
+    FIELD_SOURCE,
+    FIELD_TENANT,
+    SOURCE_FAQ,
+    as_text,
+    normalize_text,
+)
+from app.calibrate.pairs import read_utf8
+from app.faq import FaqItem, load_faq_in_buckets
+from app.policy import AdaptiveSemantic, Policy
+
+# Bounds of a file: what one load may ask of the embedder and of Redis.
+MAX_FILE_BYTES = 20 * 1024 * 1024
+MAX_PHRASINGS = 50_000
+MAX_TEXT_CHARS = 1_000
+FAQ_INTENT_PREFIX = "faq:"
+
+
+class IntentsFileError(ValueError):
+    """A file that cannot be loaded; the message is one line for the user."""
+
+
+class IntentDef(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One intent of a team's file.
+
+    Attributes:
+        intent: Its name.
+        phrasings: How customers ask it (at least two).
+        answer: The team's answer: served, as a curated answer, to a confident question of it.
+        shared: Whether one answer serves every question of it; false when the answer depends on
+            what the question names (a restaurant, a date, an amount): never served by the head.
+    """
+
+    intent: str
+    phrasings: list[str]
+    answer: str | None = None
+    shared: bool = True
+
+
+def read_intents(path: Path) -> list[IntentDef]:
+    """Read and check a whole file; nothing is loaded from a file that fails a check.
+
+    Raises:
+        IntentsFileError: Too large, unreadable, malformed, an empty text or intent, an intent
+            with one phrasing, a phrasing under two intents.
+    """
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise IntentsFileError(f"{path}: {exc.strerror or exc}") from exc
+    if size > MAX_FILE_BYTES:
+        raise IntentsFileError(f"{path}: {size} bytes, more than the {MAX_FILE_BYTES} a load takes")
+    text = read_utf8(path, IntentsFileError)
+    try:
+        if path.suffix.lower() == ".csv":
+            reader = csv.DictReader(io.StringIO(text))
+            if not {"text", "intent"} <= set(reader.fieldnames or []):
+                raise IntentsFileError(f"{path}: the header must name text and intent (found {reader.fieldnames})")
+            grouped: dict[str, list[str]] = {}
+            for line, row in enumerate(reader, start=2):
+                intent = (row.get("intent") or "").strip()
+                if not intent:
+                    raise IntentsFileError(f"{path}: line {line}: an empty intent")
+                grouped.setdefault(intent, []).append(row.get("text") or "")
+            items = [IntentDef(intent=name, phrasings=texts) for name, texts in grouped.items()]
+        else:
+            items = msgspec.convert(yaml.safe_load(text), list[IntentDef])
+    except (yaml.YAMLError, msgspec.ValidationError) as exc:
+        raise IntentsFileError(f"{path}: {exc}") from exc
+    if not items:
+        raise IntentsFileError(f"{path}: no intents")
+    owner: dict[str, str] = {}
+    total = 0
+    for item in items:
+        where = f"{path}: intent {item.intent!r}"
+        if not item.intent.strip() or len(item.intent) > 128:
+            raise IntentsFileError(f"{path}: an intent name must have 1 to 128 characters")
+        texts = [normalize_text(t) for t in item.phrasings]
+        if any(not t for t in texts):
+            raise IntentsFileError(f"{where}: an empty phrasing")
+        if any(len(t) > MAX_TEXT_CHARS for t in texts):
+            raise IntentsFileError(f"{where}: a phrasing longer than {MAX_TEXT_CHARS} characters")
+        if len(set(texts)) < 2:
+            raise IntentsFileError(f"{where}: needs at least two different phrasings")
+        if item.answer is not None and not item.answer.strip():
+            raise IntentsFileError(f"{where}: an empty answer")
+        for t in texts:
+            if owner.setdefault(t, item.intent) != item.intent:
+                raise IntentsFileError(f"{path}: {t!r} is a phrasing of both {owner[t]!r} and {item.intent!r}")
+        total += len(texts)
+    if len({item.intent for item in items}) != len(items):
+        raise IntentsFileError(f"{path}: an intent is given twice")
+    if total > MAX_PHRASINGS:
+        raise IntentsFileError(f"{path}: {total} phrasings, more than the {MAX_PHRASINGS} a load takes")
+    return items
+
+
+class IntentsLoaded(msgspec.Struct, frozen=True, kw_only=True):
+    """What a load did, for its summary line."""
+
+    meta: HeadMeta
+    labelled: int
+    answers: int
+    seconds: float
+
+    def line(self) -> str:
+        m = self.meta
+        return (f"loaded {m.phrasings} phrasings of {len(m.intents)} intents as {m.name!r} for tenant {m.tenant!r} in "
+                f"{m.category!r}: cross-validated accuracy {m.accuracy:.1%}; rule: {m.rule}; it would serve "
+                f"{m.served_share:.1%} of the team's held-out phrasings ({m.held_out_wrong:.2%} of them wrong); "
+                f"{self.labelled} cached documents labelled, {self.answers} intent answers stored; {self.seconds:.0f} s")
+
+
+async def curated_intents(cache: object, tag: str, tenant: str, category: str) -> list[IntentDef]:
+    """The tenant's curated FAQ in the category as intents: each entry's question and variants."""
+    from app.assembly import CacheParts
+
+    assert isinstance(cache, CacheParts)
+    groups: dict[str, list[str]] = {}
+    for bucket in cache.each:
+        if bucket.semantic is None:
+            continue
+        index = await bucket.semantic.index(tag)
+        query = FilterQuery((Tag(FIELD_TENANT) == tenant) & (Tag(FIELD_CATEGORY) == category) & (Tag(FIELD_SOURCE) == SOURCE_FAQ),
+                            return_fields=[FIELD_QUESTION, FIELD_ROOT, FIELD_INTENT], num_results=10_000)
+        for row in await index.query(query):
+            if row.get(FIELD_INTENT) and not str(row[FIELD_INTENT]).startswith(FAQ_INTENT_PREFIX):
+                continue  # an answer of the team's own intents (labelled by its file)
+            groups.setdefault(str(row.get(FIELD_ROOT) or row["id"]), []).append(str(row.get(FIELD_QUESTION, "")))
+    found = []
+    for root, texts in groups.items():
+        unique = sorted({normalize_text(t) for t in texts if t})
+        if len(unique) >= 2:
+            found.append(IntentDef(intent=f"{FAQ_INTENT_PREFIX}{root.rsplit('faq-', 1)[-1][:16]}", phrasings=unique))
+    return found
+
+
+async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *, tenant: str, category: str,
+                       name: str, seed: int = 0) -> IntentsLoaded:
+    """Fit, calibrate, store and apply a team's intents (the module's steps).
+
+    Raises:
+        IntentsFileError: The category is unknown or not adaptive, or there is no semantic layer.
+    """
+    from app.assembly import CacheParts
+
+    assert isinstance(cache, CacheParts)
+    started = time.monotonic()
+    if category not in policy.categories:
+        raise IntentsFileError(f"unknown category {category!r}; known: {', '.join(sorted(policy.categories))}")
+    semantic_policy = policy.categories[category].semantic
+    if not isinstance(semantic_policy, AdaptiveSemantic):
+        raise IntentsFileError(f"category {category!r} is not adaptive (it has no error_bound): intents serve adaptive ones")
+    if not cache.each or cache.each[0].semantic is None or cache.shared is None:
+        raise IntentsFileError("intents need the semantic layer and Redis (STRATA_SEMANTIC_ENABLED, STRATA_REDIS_URL)")
+    tag = await cache.each[0].versions.refresh()
+    own = {item.intent for item in items}
+    every = items + [i for i in await curated_intents(cache, tag, tenant, category) if i.intent not in own]
+    embedder = cache.each[0].semantic.embedder
+    texts = [normalize_text(t) for item in every for t in item.phrasings]
+    labels = np.array([n for n, item in enumerate(every) for _ in item.phrasings])
+    vectors = np.asarray(await embedder.embed(texts, owner="learning"), dtype=np.float32)
+    calibration = calibrate(vectors, labels, len(every), semantic_policy.error_bound, semantic_policy.threshold,
+                            delta=1 - semantic_policy.confidence, seed=seed)
+    weights, bias = fit_softmax(vectors, labels, len(every), seed=seed)
+    if calibration.threshold > 1:
+        rule = (f"serves nothing: the held-out folds do not show {semantic_policy.error_bound:.1%} wrong at "
+                f"{semantic_policy.confidence:.0%} (at least {fewest_to_show(semantic_policy.error_bound)} held-out hits "
+                f"are needed to show it)")
+    else:
+        rule = (f"both questions of one intent at confidence >= {calibration.threshold:.3f}: wrong share <= "
+                f"{semantic_policy.error_bound:.1%} at {semantic_policy.confidence:.0%} on held-out folds simulated as streams")
+    meta = HeadMeta(name=name, tenant=tenant, category=category, intents=[i.intent for i in every],
+                    shared=[i.shared for i in every], threshold=calibration.threshold,
+                    fingerprint=f"{embedder.name}:{embedder.dims}", phrasings=len(texts),
+                    accuracy=calibration.accuracy, served_share=calibration.served_share,
+                    held_out_wrong=calibration.held_out_wrong, error_bound=semantic_policy.error_bound, rule=rule,
+                    loaded_at=int(time.time()))
+    head = IntentHead(meta, weights, bias)
+    await IntentStore(cache.shared).save(head)
+    answers = [FaqItem(category=category, question=item.phrasings[0], variants=item.phrasings[1:], answer=item.answer,
+                       tenant=tenant, intent=item.intent) for item in items if item.answer is not None]
+    if answers:
+        await load_faq_in_buckets(cache, answers, f"intents-{name}", policy)
+    labelled = await label_documents(cache, head, tag)
+    return IntentsLoaded(meta=meta, labelled=labelled, answers=len(answers), seconds=time.monotonic() - started)
+
+
+async def label_documents(cache: object, head: IntentHead, tag: str, page: int = 1_000) -> int:
+    """Give every cached model answer of the head's tenant and category the intent the head reads
+    in its question (the curated FAQ's documents: their entry's intent, at full confidence)."""
+    from app.assembly import CacheParts
+
+    assert isinstance(cache, CacheParts)
+    meta, labelled = head.meta, 0
+    faq_intents = {n[len(FAQ_INTENT_PREFIX):] for n in meta.intents if n.startswith(FAQ_INTENT_PREFIX)}
+    for bucket in cache.each:
+        if bucket.semantic is None:
+            continue
+        index = await bucket.semantic.index(tag)
+        offset = 0
+        while True:
+            query = FilterQuery((Tag(FIELD_TENANT) == meta.tenant) & (Tag(FIELD_CATEGORY) == meta.category),
+                                return_fields=[FIELD_SOURCE, FIELD_ROOT, FIELD_INTENT], num_results=page)
+            query.paging(offset, page)
+            rows = await index.query(query)
+            redis = bucket.bucket.redis
+            candidates = [r for r in rows if r.get(FIELD_SOURCE) != SOURCE_FAQ]
+            # The vectors are read as bytes with HGET (a search result would hand them over as text).
+            async with redis.pipeline(transaction=False) as reads:
+                for row in candidates:
+                    reads.hget(row["id"], FIELD_EMBEDDING)
+                raw = await reads.execute() if candidates else []
+            model_rows = [(row, blob) for row, blob in zip(candidates, raw, strict=True) if blob]
+            async with redis.pipeline(transaction=False) as pipe:
+                if model_rows:
+                    vectors = np.stack([np.frombuffer(blob, dtype=np.float32) for _, blob in model_rows])
+                    predicted, confidence = head.predict(vectors)
+                    for (row, _), i, sure in zip(model_rows, predicted, confidence, strict=True):
+                        pipe.hset(row["id"], mapping={FIELD_INTENT: meta.intents[int(i)],
+                                                      FIELD_INTENT_CONFIDENCE: round(float(sure), 4)})
+                for row in rows:
+                    root = str(as_text(row.get(FIELD_ROOT)) or row["id"])
+                    short = root.rsplit("faq-", 1)[-1][:16]
+                    if row.get(FIELD_SOURCE) == SOURCE_FAQ and short in faq_intents:
+                        pipe.hset(row["id"], mapping={FIELD_INTENT: FAQ_INTENT_PREFIX + short, FIELD_INTENT_CONFIDENCE: 1.0})
+                await pipe.execute()
+            labelled += len(model_rows)
+            if len(rows) < page:
+                break
+            offset += page
+    return labelled

@@ -1,0 +1,127 @@
+"""A team's intents against none, on streams nobody tuned them to (issue #46).
+
+    python -m bench.intents [--seeds 0] [--out .run/bench-intents] [--only clinc-all ...]
+
+Each arm is ``strata replay run --simulate`` (its own Redis Stack, the labelled upstream) of one
+stream, category ``faq`` as shipped, with and without ``--intents`` (the team's file, loaded and
+calibrated first). The streams and team files:
+
+- CLINC150: the team's data is its ``train`` split (all of it, or 10 phrasings per intent); the
+  stream is 3,000 requests of its ``test`` split, 10% of them from ``oos_test``;
+- its bank domain the same way;
+- the Chinese FAQ set: the team's data is the first 3 wordings of each label, the stream the rest.
+
+Columns: semantic hits and their wrong share; **captured**: right semantic hits over what a
+perfect cache would serve semantically (requests of a label seen before, in other words; never an
+out-of-scope one); the worst window of 500 requests; out-of-scope questions served by the intent
+rule and by any rule (each counted wrong). Reports are kept as JSON in ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+STRATA = [sys.executable, "-m", "app.cli"]
+REPLAY = Path(".run/replay")
+INTENT_MATCH = "intent_match"
+WINDOW = 500
+
+
+def build(seed: int) -> dict[str, tuple[Path, Path | None]]:
+    """The streams of a seed and their team files (made when missing)."""
+    REPLAY.mkdir(parents=True, exist_ok=True)
+
+    def make(out: Path, *args: str) -> Path:
+        if not out.exists():
+            subprocess.run([*STRATA, "replay", *args, "--out", str(out)], check=True, capture_output=True)
+        return out
+
+    clinc = make(REPLAY / f"clinc-test3000-s{seed}.jsonl", "build", "--source", "clinc", "--split", "test",
+                 "--oos-share", "0.1", "--requests", "3000", "--seed", str(seed))
+    bank = make(REPLAY / f"bank-test3000-s{seed}.jsonl", "build", "--source", "clinc", "--domain", "bank", "--split",
+                "test", "--oos-share", "0.1", "--requests", "3000", "--seed", str(seed))
+    zh = make(REPLAY / f"zh-held3-s{seed}.jsonl", "build", "--source", "faqset", "--file",
+              "bench/data/zh_shop_bank_faq.yaml", "--held", "3", "--requests", "1500", "--seed", str(seed))
+    teams = {
+        "clinc-all": make(REPLAY / "clinc-train.csv", "intents", "--source", "clinc"),
+        "clinc-10": make(REPLAY / "clinc-train10.csv", "intents", "--source", "clinc", "--per-intent", "10"),
+        "bank-all": make(REPLAY / "bank-train.csv", "intents", "--source", "clinc", "--domain", "bank"),
+        "zh-3": make(REPLAY / "zh-team3.csv", "intents", "--source", "faqset", "--file",
+                     "bench/data/zh_shop_bank_faq.yaml", "--per-intent", "3"),
+    }
+    return {"clinc-none": (clinc, None), "clinc-all": (clinc, teams["clinc-all"]), "clinc-10": (clinc, teams["clinc-10"]),
+            "bank-none": (bank, None), "bank-all": (bank, teams["bank-all"]),
+            "zh-none": (zh, None), "zh-3": (zh, teams["zh-3"])}
+
+
+def opportunity(stream: Path) -> int:
+    """What a perfect cache serves semantically: a label seen before, a text not (never out of scope)."""
+    seen_labels, seen_texts, count = set(), set(), 0
+    for line in stream.read_text(encoding="utf-8").splitlines():
+        request = msgspec.json.decode(line)
+        text, label = request["text"], request["label"]
+        if label in seen_labels and text not in seen_texts and not label.startswith("oos:"):
+            count += 1
+        seen_labels.add(label)
+        seen_texts.add(text)
+    return count
+
+
+def figures(report: dict[str, Any], stream: Path) -> dict[str, Any]:
+    trace = [step.split(":", 2) for step in report["trace"]]
+    labels = [msgspec.json.decode(line)["label"] for line in stream.read_text(encoding="utf-8").splitlines()]
+    wrong_at = {hit["index"] for hit in report["wrong_hits"] if hit["layer"] == "semantic-hit"}
+    semantic = [i for i, (layer, _, _) in enumerate(trace) if layer == "semantic-hit"]
+    right = [i for i in semantic if i not in wrong_at]
+    worst = 0.0
+    for start in range(1000, len(trace), WINDOW):
+        served = [i for i in semantic if start <= i < start + WINDOW]
+        if served:
+            worst = max(worst, sum(i in wrong_at for i in served) / len(served))
+    oos = [i for i in semantic if labels[i].startswith("oos:")]
+    return {"requests": len(trace), "semantic": len(semantic), "wrong": len(wrong_at),
+            "captured": len(right) / max(1, opportunity(stream)),
+            "intent_hits": sum(1 for layer, verdict, _ in trace if layer == "semantic-hit" and verdict == INTENT_MATCH),
+            "worst_window": worst, "oos_by_intent": sum(1 for i in oos if trace[i][1] == INTENT_MATCH),
+            "oos_any": len(oos)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--out", default=".run/bench-intents")
+    parser.add_argument("--only", nargs="*", default=[])
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    print("| stream | team's data | seed | semantic | wrong | captured | intent hits | worst 500 | OOS served (intent / any) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for seed in args.seeds:
+        for arm, (stream, team) in build(seed).items():
+            if args.only and arm not in args.only:
+                continue
+            report_path = out / f"{arm}-s{seed}.json"
+            if not report_path.exists():
+                command = [*STRATA, "replay", "run", "--simulate", "--stream", str(stream), "--category", "faq",
+                           "--json", str(report_path)] + (["--intents", str(team)] if team else [])
+                done = subprocess.run(command, capture_output=True, text=True)
+                (out / f"{arm}-s{seed}.txt").write_text(done.stdout + done.stderr, encoding="utf-8")
+                if done.returncode:
+                    print(f"| {arm} | failed: see {out}/{arm}-s{seed}.txt |", file=sys.stderr)
+                    continue
+            f = figures(msgspec.json.decode(report_path.read_bytes()), stream)
+            share = f["semantic"] / max(1, f["requests"])
+            print(f"| {arm.split('-')[0]} | {team.name if team else 'none'} | {seed} | {share:.1%} | "
+                  f"{f['wrong']} ({f['wrong'] / max(1, f['semantic']):.2%}) | {f['captured']:.2f} | {f['intent_hits']} | "
+                  f"{f['worst_window']:.2%} | {f['oos_by_intent']} / {f['oos_any']} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""A team teaches the cache its intents (issue #46), end to end: `strata intents load` against
+the suite's Redis, a running Strata picking the head up by itself, a paraphrase of one intent
+served as an intent match, bad files refused with the previous intents left in force."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support import FakeUpstream, ask, eventually, run_cli, serve_strata, strata_settings
+
+INTENTS = {"X-Cache-Category": "learn_intents"}
+TEAM = {
+    "refund": ["how do i get a refund", "i want my money back", "refund my order please", "can i get a refund",
+               "how to request a refund", "give me a refund", "i need a refund for this", "where do i ask for a refund",
+               "refund process", "money back for my purchase"],
+    "invoice": ["how do i get an invoice", "send me an invoice", "i need a receipt for tax", "where is my invoice",
+                "can you issue an invoice", "download my invoice", "invoice for my order", "get a tax receipt",
+                "i want a bill for my purchase", "request an invoice"],
+    "password": ["how do i reset my password", "i forgot my password", "change my password", "password reset",
+                 "cannot log in forgot password", "set a new password", "how to change the password",
+                 "reset the login password", "i lost my password", "update my password"],
+    "shipping": ["where is my parcel", "track my order", "when will my package arrive", "delivery status",
+                 "has my order shipped", "tracking number for my order", "how long is delivery",
+                 "my package has not arrived", "shipping status please", "where is my delivery"],
+}
+
+
+def team_file(tmp_path: Path) -> Path:
+    path = tmp_path / "team.csv"
+    path.write_text("text,intent\n" + "".join(f"{t},{i}\n" for i, texts in TEAM.items() for t in texts), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def strata(redis_url: str, fake_upstream: FakeUpstream, use_encoder: Any) -> Iterator[str]:
+    with serve_strata(strata_settings(redis_url, fake_upstream.url, semantic_enabled=True), use_encoder) as server:
+        yield server.url
+
+
+def intents_on_health(base: str) -> list[dict[str, Any]]:
+    intents: list[dict[str, Any]] = httpx.get(base + "/health").json().get("intents", [])
+    return intents
+
+
+def test_a_team_file_is_loaded_calibrated_served_and_replaced_only_by_a_good_one(
+        strata: str, redis_url: str, tmp_path: Path) -> None:
+    env = {"STRATA_REDIS_URL": redis_url}
+    loaded = run_cli("intents", "load", str(team_file(tmp_path)), "--category", "learn_intents", env=env)
+    assert loaded.returncode == 0, loaded.stderr
+    last = loaded.stdout.strip().splitlines()[-1]
+    assert "loaded 40 phrasings of 4 intents as 'team'" in last and "cross-validated accuracy" in last, last
+    shown = run_cli("intents", "show", "--category", "learn_intents", env=env)
+    assert shown.returncode == 0 and "4 intents, 40 phrasings" in shown.stdout and "rule: both questions" in shown.stdout
+    # The running Strata picks it up by itself within seconds, and says so on /health.
+    health = eventually(lambda: [h for h in intents_on_health(strata) if h["category"] == "learn_intents"], timeout=15)
+    assert health and health[0]["status"] == "serving" and health[0]["intents"] == 4, health
+    # A question of one intent is cached; another wording of it is served as an intent match.
+    assert ask(strata, "i want a refund for my order", headers=INTENTS).headers["x-cache"] == "miss"
+    served = ask(strata, "can you refund my order", headers=INTENTS)
+    assert served.headers["x-cache"] == "semantic-hit" and served.headers["x-cache-verdict"] == "intent_match", \
+        dict(served.headers)
+    # Another intent is not served that answer.
+    assert ask(strata, "where is the invoice for my order", headers=INTENTS).headers["x-cache"] == "miss"
+    # A bad file: a clear message, exit 2, the previous intents in force.
+    bad = tmp_path / "bad.csv"
+    bad.write_text("text,intent\nhow do i get a refund,refund\nrefund please,refund\n"
+                   "how do i get a refund,invoice\ninvoice please,invoice\n", encoding="utf-8")
+    refused = run_cli("intents", "load", str(bad), "--category", "learn_intents", env=env)
+    assert refused.returncode == 2 and "is a phrasing of both 'refund' and 'invoice'" in refused.stderr
+    unknown = run_cli("intents", "load", str(team_file(tmp_path)), "--category", "nowhere", env=env)
+    assert unknown.returncode == 2 and "unknown category 'nowhere'" in unknown.stderr
+    fixed = run_cli("intents", "load", str(team_file(tmp_path)), "--category", "faq", env=env)
+    assert fixed.returncode == 2 and "is not adaptive" in fixed.stderr
+    assert "'team' for tenant 'default'" in run_cli("intents", "show", "--category", "learn_intents", env=env).stdout
+    # Removed: served nowhere within seconds.
+    assert run_cli("intents", "remove", "--category", "learn_intents", env=env).returncode == 0
+    assert eventually(lambda: not [h for h in intents_on_health(strata) if h["category"] == "learn_intents"], timeout=15)

@@ -1,0 +1,72 @@
+"""A team's intents (issue #46): the file's checks, the head and its calibration's guarantee."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.cache.learning.intents import binomial_tail, calibrate, fewest_to_show, fit_softmax, predict
+from app.cache.storage.intents import HeadMeta, IntentHead
+from app.intents import IntentsFileError, read_intents
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_a_file_is_checked_whole_with_a_clear_message(tmp_path: Path) -> None:
+    good = write(tmp_path, "good.csv", "\ufefftext,intent\nhow do i return,returns\nsend it back,returns\n"
+                                       "where is my parcel,tracking\ntrack my order,tracking\n")
+    assert [(i.intent, len(i.phrasings)) for i in read_intents(good)] == [("returns", 2), ("tracking", 2)]
+    yaml_file = write(tmp_path, "team.yaml", "- {intent: refund, phrasings: [怎么退款, 退款怎么申请], answer: 在订单页申请。}\n"
+                                             "- {intent: table, phrasings: [book a table, reserve a table], shared: false}\n")
+    refund, table = read_intents(yaml_file)
+    assert refund.answer == "在订单页申请。" and not table.shared
+    for name, text, said in [
+        ("one.csv", "text,intent\nhow do i return,returns\nwhere is it,tracking\nwhere is my parcel,tracking\n",
+         "needs at least two different phrasings"),
+        ("twice.csv", "text,intent\nhello,a\nhi,a\nhello,b\nhey,b\n", "is a phrasing of both"),
+        ("empty.csv", "text,intent\n ,a\nhi,a\n", "an empty phrasing"),
+        ("header.csv", "question,label\nhi,a\n", "the header must name text and intent"),
+        ("bad.yaml", "- {intent: a, phrasings: [x, y], colour: red}\n", "colour"),
+    ]:
+        with pytest.raises(IntentsFileError, match=said):
+            read_intents(write(tmp_path, name, text))
+
+
+def clusters(per: int, classes: int, noise: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(classes, 32))
+    labels = np.repeat(np.arange(classes), per)
+    vectors = centres[labels] + noise * rng.normal(size=(len(labels), 32))
+    return (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32), labels
+
+
+def test_the_head_learns_separable_intents_and_stores_as_plain_arrays() -> None:
+    vectors, labels = clusters(40, 6, 0.3)
+    weights, bias = fit_softmax(vectors, labels, 6)
+    predicted, confidence = predict(weights, bias, vectors)
+    assert (predicted == labels).mean() > 0.98 and confidence.min() > 0.2
+    meta = HeadMeta(name="t", tenant="acme", category="faq", intents=[f"i{n}" for n in range(6)], shared=[True] * 6,
+                    threshold=0.5, fingerprint="use:32", phrasings=240, accuracy=1.0, served_share=1.0,
+                    held_out_wrong=0.0, error_bound=0.01, rule="", loaded_at=0)
+    head = IntentHead.from_hash({k.encode(): v for k, v in IntentHead(meta, weights, bias).to_hash().items()})
+    assert head.guess(vectors[0]).intent == "i0" and np.allclose(head.weights, weights)
+
+
+def test_learn_then_test_refuses_what_it_cannot_show_and_certifies_what_it_can() -> None:
+    assert fewest_to_show(0.01) == 299 and binomial_tail(0, 299, 0.01) < 0.05 < binomial_tail(0, 298, 0.01)
+    # Too few phrasings to show 1% at 95%: the rule serves nothing.
+    few, few_labels = clusters(5, 10, 0.2)
+    assert calibrate(few, few_labels, 10, 0.01, 0.0).threshold > 1
+    # Well separated and plentiful: a threshold, and the held-out wrong share within the bound.
+    many, labels = clusters(150, 10, 0.2, seed=1)
+    shown = calibrate(many, labels, 10, 0.05, 0.0, delta=0.05)
+    assert shown.threshold <= 1 and shown.held_out_wrong <= 0.05 and shown.served_share > 0.3
+    # Overlapping intents: wrong at every confidence, nothing certified.
+    blur, blur_labels = clusters(150, 10, 3.0, seed=2)
+    assert calibrate(blur, blur_labels, 10, 0.01, 0.0).threshold > 1
