@@ -45,6 +45,16 @@ class Embedder(Protocol):
         ...
 
 
+async def embed_in_slices(embedder: Embedder, texts: Sequence[str], owner: str = "learning",
+                          size: int = 64) -> np.ndarray:
+    """Embed many texts a slice at a time: the batching queue is bounded for requests, and a bulk
+    load (curated answers, intents) must neither overflow it nor crowd requests out."""
+    if not texts:
+        return np.zeros((0, embedder.dims), dtype=np.float32)
+    return np.concatenate([np.asarray(await embedder.embed(texts[i:i + size], owner=owner), dtype=np.float32)
+                           for i in range(0, len(texts), size)])
+
+
 class EmbedderBusy(Exception):
     """The embedding queue is full: the lookup gives up at once (a bypass), nothing waits."""
 

@@ -42,7 +42,7 @@ from app.cache.storage.keys import (
     normalize_text,
 )
 from app.calibrate.pairs import read_utf8
-from app.embed import Embedder
+from app.embed import Embedder, embed_in_slices
 from app.policy import Policy, UnknownCategory
 from app.wire import json_encoder
 
@@ -139,7 +139,7 @@ async def load_faq(redis: Redis, embedder: Embedder, tag: str, items: list[FaqIt
     """
     now = int(time.time())
     texts = [normalize_text(t) for item in items for t in (item.question, *item.variants)]
-    vectors: np.ndarray | list[np.ndarray] = await embedder.embed(texts) if texts else []
+    vectors = await embed_in_slices(embedder, texts)
     set_key = keys.faq_set_key(tag, name)
     old_keys = await redis.smembers(set_key)
     new_keys: list[str] = []
@@ -214,7 +214,7 @@ async def remove_model_copies(semantic: SemanticCache, tag: str, items: list[Faq
     wordings = [(item, text) for item in items for text in (item.question, *item.variants)]
     if not wordings:
         return 0, 0
-    vectors = await semantic.embedder.embed([normalize_text(text) for _, text in wordings])
+    vectors = await embed_in_slices(semantic.embedder, [normalize_text(text) for _, text in wordings])
     roots: set[str] = set()
     for (item, text), vector in zip(wordings, vectors, strict=True):
         query = VectorRangeQuery(

@@ -38,6 +38,7 @@ from app.cache.storage.keys import (
     normalize_text,
 )
 from app.calibrate.pairs import read_utf8
+from app.embed import embed_in_slices
 from app.faq import FaqItem, load_faq_in_buckets
 from app.policy import AdaptiveSemantic, Policy
 
@@ -191,7 +192,7 @@ async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *,
     embedder = cache.each[0].semantic.embedder
     texts = [normalize_text(t) for item in every for t in item.phrasings]
     labels = np.array([n for n, item in enumerate(every) for _ in item.phrasings])
-    vectors = np.asarray(await embedder.embed(texts, owner="learning"), dtype=np.float32)
+    vectors = await embed_in_slices(embedder, texts)
     calibration = calibrate(vectors, labels, len(every), semantic_policy.error_bound, semantic_policy.threshold,
                             delta=1 - semantic_policy.confidence, seed=seed)
     weights, bias = fit_softmax(vectors, labels, len(every), seed=seed)

@@ -31,6 +31,7 @@ from litestar.contrib.jinja import JinjaTemplateEngine
 from litestar.datastructures import Cookie
 from litestar.response import Redirect, Template
 from litestar.template.config import TemplateConfig
+from redis.asyncio import Redis
 
 from app.auth import KEY_PREFIX
 from app.cache.decision.candidates import same_wording
@@ -45,6 +46,7 @@ from app.cache.storage.keys import (
     FIELD_QUESTION,
     FIELD_ROOT,
     FIELD_TENANT,
+    Keyspace,
     as_text,
     layers_key,
     normalize_text,
@@ -427,12 +429,8 @@ class ConsoleController(Controller):
     @staticmethod
     async def _queues(resources: Resources, tenant: str | None) -> list[dict[str, Any]]:
         """Every review queue with items (of one tenant, or all), the fullest first."""
-        tag = resources.cache.known_version
         found: list[dict[str, Any]] = []
-        if tag is None:
-            return found
-        for bucket in resources.cache.each:
-            redis, keys = bucket.bucket.redis, bucket.bucket.keys
+        for redis, keys, tag in _keyspaces(resources):
             prefix = keys.review_key(tag, "", "")[:-1]  # ...:review:
             try:
                 async for raw in redis.scan_iter(match=prefix + "*", count=500):
@@ -522,12 +520,8 @@ class ConsoleController(Controller):
 
     @staticmethod
     async def _curated_entries(resources: Resources, tenant: str | None) -> list[dict[str, Any]]:
-        tag = resources.cache.known_version
         found: list[dict[str, Any]] = []
-        if tag is None:
-            return found
-        for bucket in resources.cache.each:
-            redis, keys = bucket.bucket.redis, bucket.bucket.keys
+        for redis, keys, tag in _keyspaces(resources):
             async for set_key in redis.scan_iter(match=keys.faq_set_key(tag, "*"), count=500):
                 name = str(as_text(set_key)).rsplit(":", 1)[-1]
                 variants: dict[str, list[str]] = {}
@@ -695,6 +689,14 @@ class ConsoleController(Controller):
         listing = _paged(readable, page, q, lambda r: (r.get("who"), r.get("kind"), r.get("target"), r.get("details")),
                          "/console/audit", {})
         return _page("audit.html", session, resources, rows=listing)
+
+
+def _keyspaces(resources: Resources) -> list[tuple[Redis, Keyspace, str]]:
+    """Each bucket's Redis and keyspace with the version known now (none before one is known)."""
+    tag = resources.cache.known_version
+    if tag is None:
+        return []
+    return [(bucket.bucket.redis, bucket.bucket.keys, tag) for bucket in resources.cache.each]
 
 
 def _short(text: str, limit: int = 80) -> str:

@@ -31,6 +31,11 @@ def _signin_key(kind: str, value: str) -> str:
     return f"{CONSOLE_SIGNIN_PREFIX}{kind}:{hashlib.sha256(value.encode()).hexdigest()[:16]}"
 
 
+def _signin_keys(address: str, token: str) -> list[str]:
+    """The two counters a sign-in attempt is held to: its client address's and its token prefix's."""
+    return [_signin_key("addr", address), _signin_key("prefix", token_prefix(token))]
+
+
 class ConsoleGuard:
     """Checks sessions against what holds now, ends them, and limits sign-in attempts.
 
@@ -80,9 +85,8 @@ class ConsoleGuard:
         """Seconds until sign-in from this address with this token's prefix is allowed (0: now)."""
         if self._redis is None:
             return 0
-        keys = [_signin_key("addr", address), _signin_key("prefix", token_prefix(token))]
         async with self._redis.pipeline(transaction=False) as pipe:
-            for key in keys:
+            for key in _signin_keys(address, token):
                 pipe.get(key)
                 pipe.ttl(key)
             counted, addr_ttl, prefix_counted, prefix_ttl = await pipe.execute()
@@ -94,9 +98,8 @@ class ConsoleGuard:
         """Count a failed sign-in; returns the larger of the two counts now."""
         if self._redis is None:
             return 0
-        keys = [_signin_key("addr", address), _signin_key("prefix", token_prefix(token))]
         async with self._redis.pipeline(transaction=False) as pipe:
-            for key in keys:
+            for key in _signin_keys(address, token):
                 pipe.incr(key)
                 pipe.expire(key, self._window_s, nx=True)
             first, _, second, _ = await pipe.execute()
