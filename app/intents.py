@@ -198,7 +198,8 @@ async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *,
     weights, bias = fit_softmax(vectors, labels, len(every), seed=seed)
     if calibration.threshold > 1:
         rule = (f"serves nothing: the held-out folds do not show {semantic_policy.error_bound:.1%} wrong at "
-                f"{semantic_policy.confidence:.0%} (at least {fewest_to_show(semantic_policy.error_bound)} held-out hits "
+                f"{semantic_policy.confidence:.0%} (at least {fewest_to_show(semantic_policy.error_bound, 1 - semantic_policy.confidence)} "
+                f"held-out hits "
                 f"are needed to show it)")
     else:
         rule = (f"both questions of one intent at confidence >= {calibration.threshold:.3f}: wrong share <= "
@@ -208,7 +209,8 @@ async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *,
                     fingerprint=f"{embedder.name}:{embedder.dims}", phrasings=len(texts),
                     accuracy=calibration.accuracy, served_share=calibration.served_share,
                     held_out_wrong=calibration.held_out_wrong, error_bound=semantic_policy.error_bound, rule=rule,
-                    loaded_at=int(time.time()))
+                    loaded_at=int(time.time()),
+                    confused=[(every[a].intent, every[b].intent, n) for a, b, n in calibration.confused])
     head = IntentHead(meta, weights, bias)
     await IntentStore(cache.shared).save(head)
     answers = [FaqItem(category=category, question=item.phrasings[0], variants=item.phrasings[1:], answer=item.answer,

@@ -35,7 +35,8 @@ from redis.asyncio import Redis
 
 from app.auth import KEY_PREFIX
 from app.cache.decision.candidates import same_wording
-from app.cache.decision.verify import READER_ACCEPTED
+from app.cache.decision.rules import intent_refuted
+from app.cache.decision.verify import INTENT_MATCH, READER_ACCEPTED
 from app.cache.learning.feedback import FeedbackError, FeedbackRequest
 from app.cache.learning.review import REVIEW_MAX_ITEMS, ReviewItem
 from app.cache.storage.contract import CACHE_ERRORS
@@ -46,6 +47,7 @@ from app.cache.storage.keys import (
     FIELD_QUESTION,
     FIELD_ROOT,
     FIELD_TENANT,
+    VOUCH_INTENT,
     Keyspace,
     as_text,
     layers_key,
@@ -85,6 +87,7 @@ def template_config() -> TemplateConfig[JinjaTemplateEngine]:
     environment = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(default=True))
     environment.filters["utc"] = _utc
     environment.filters["verdict_words"] = verdict_words
+    environment.globals["zip"] = zip
     return TemplateConfig(instance=JinjaTemplateEngine.from_environment(environment))
 
 
@@ -614,6 +617,35 @@ class ConsoleController(Controller):
             for member in members:
                 if str(as_text(await redis.hget(member, FIELD_ROOT))) == entry["key"]:
                     await redis.hset(member, FIELD_ANSWER, completion)
+
+    @get("/intents")
+    async def intents(self, request: Request[Any, Any, Any], resources: Resources, tenant: str | None = None) -> Template:
+        """The teams' intents per tenant and category: what is loaded, the calibrated rule, what it
+        serves, whether it is suspended, and the twins the held-out folds mixed up most."""
+        session = await _session(request, resources)
+        if _elsewhere(session, tenant):
+            return _forbidden(session, resources, "You cannot see another tenant's intents.")
+        shown = _tenant_of(session, tenant)
+        heads = resources.cache.intents
+        loaded = [h for h in (heads.loaded() if heads is not None else []) if shown is None or h.meta.tenant == shown]
+        rows = []
+        tag, semantic = resources.cache.known_version, resources.cache.semantic
+        for head in sorted(loaded, key=lambda h: (h.meta.tenant, h.meta.category)):
+            m = head.meta
+            status, measured = ("serving" if m.threshold <= 1 else "serves nothing"), (0, 0)
+            policy = resources.policy.categories.get(m.category)
+            if semantic is not None and tag is not None and policy is not None and isinstance(policy.semantic, AdaptiveSemantic):
+                try:
+                    counts = await semantic.adaptive.pooled.counts(tag, m.category, m.tenant)
+                    measured = counts.vouched_at_or_above(VOUCH_INTENT, 0)
+                    if m.threshold <= 1 and intent_refuted(counts, policy.semantic):
+                        status = "suspended: its measured hits refute the calibration"
+                except CACHE_ERRORS:
+                    pass
+            rows.append({"meta": m, "status": status, "explored": measured[1], "explored_wrong": measured[0],
+                         "hits": resources.recent.latest(tenant=m.tenant, category=m.category, verdict=INTENT_MATCH,
+                                                         count=RECENT_HITS)})
+        return _page("intents.html", session, resources, heads=rows, tenant=shown or "")
 
     @get("/invalidate")
     async def invalidate_form(self, request: Request[Any, Any, Any], resources: Resources) -> Template:

@@ -492,3 +492,24 @@ def test_an_operator_naming_another_tenant_is_refused_and_its_empty_invalidate_f
     other = page.context.request.post(strata + "/console/curated/save", form={
         "csrf": csrf, "tenant": "globex", "category": "console", "question": "q", "answer": "a"})
     assert other.status == 403
+
+
+def test_the_intents_page_shows_a_teams_head_its_rule_and_its_twins(
+        strata: str, browser: Any, redis_url: str, tmp_path: Path) -> None:
+    from tests.integration.test_intents import team_file
+
+    loaded = subprocess.run([sys.executable, "-m", "app.cli", "intents", "load", str(team_file(tmp_path)), "--category",
+                             "console"], cwd=ROOT, capture_output=True, text=True,
+                            env={**os.environ, "STRATA_REDIS_URL": redis_url, "STRATA_POLICY_FILE": "tests/fixtures/policy.yaml"})
+    assert loaded.returncode == 0, loaded.stderr
+    page = signed_in(browser, strata, ADMIN_TOKEN)
+    card = page.locator('.intents-card[data-category="console"]')
+    assert eventually(lambda: (page.goto(strata + "/console/intents"), card.count())[1], timeout=15)
+    text = card.inner_text()
+    # Forty phrasings cannot show a 1% bound: the page says the rule serves nothing, and why.
+    assert "4" in card.locator("td").first.inner_text() and "serves nothing" in text, text
+    assert card.locator(".twins tr").count() >= 2
+    shot(page, "intents")
+    subprocess.run([sys.executable, "-m", "app.cli", "intents", "remove", "--category", "console"], cwd=ROOT,
+                   capture_output=True, env={**os.environ, "STRATA_REDIS_URL": redis_url,
+                                             "STRATA_POLICY_FILE": "tests/fixtures/policy.yaml"})

@@ -32,6 +32,8 @@ import numpy as np
 
 # Learn-then-Test's risk level: the threshold holds with this probability.
 DELTA = 0.05
+# The pairs of intents most mixed up that a load reports (the console's twins).
+CONFUSED_SHOWN = 10
 FOLDS = 5
 # Share of the intents held out whole in each fold, to stand for questions of no known intent.
 UNKNOWN_SHARE = 0.1
@@ -114,6 +116,7 @@ class Calibration(msgspec.Struct, frozen=True, kw_only=True):
         held_out_wrong: Wrong share of all held-out phrasings at the threshold or above (unknown intents included).
         held_out: Held-out predictions made (every phrasing once).
         unknown_served: Phrasings of held-out intents at the threshold or above.
+        confused: The intents the folds mixed up most: (intent, read as, times), most first.
     """
 
     threshold: float
@@ -122,6 +125,7 @@ class Calibration(msgspec.Struct, frozen=True, kw_only=True):
     held_out_wrong: float
     held_out: int
     unknown_served: int
+    confused: list[tuple[int, int, int]] = msgspec.field(default_factory=list)
 
 
 class Fold(msgspec.Struct, frozen=True, kw_only=True):
@@ -206,7 +210,14 @@ def calibrate(vectors: np.ndarray, labels: np.ndarray, classes: int, error_bound
             break
         threshold, served, wrong = tau, trial_served, trial_wrong
     known = ~unknown
+    mixed: dict[tuple[int, int], int] = {}
+    for fold in held:
+        for label, read in zip(fold.labels[~fold.unknown], fold.predicted[~fold.unknown], strict=True):
+            if label != read:
+                mixed[(int(label), int(read))] = mixed.get((int(label), int(read)), 0) + 1
+    confused = sorted(((a, b, n) for (a, b), n in mixed.items()), key=lambda t: -t[2])[:CONFUSED_SHOWN]
     return Calibration(
+        confused=confused,
         threshold=threshold, accuracy=float(right[known].mean()) if known.any() else 0.0,
         served_share=float((served & known).sum() / max(1, known.sum())) if served.size else 0.0,
         held_out_wrong=float(wrong.sum() / max(1, served.sum())) if served.size else 0.0, held_out=len(labels),

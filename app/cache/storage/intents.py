@@ -47,6 +47,8 @@ class HeadMeta(msgspec.Struct, frozen=True, kw_only=True):
         error_bound: The category's bound the threshold was calibrated for.
         rule: The calibrated rule in words.
         loaded_at: Unix time of the load.
+        confused: The pairs of intents the held-out folds mixed up most (the twins): (intent,
+            read as, times), most first.
     """
 
     name: str
@@ -63,6 +65,7 @@ class HeadMeta(msgspec.Struct, frozen=True, kw_only=True):
     error_bound: float
     rule: str
     loaded_at: int
+    confused: list[tuple[str, str, int]] = msgspec.field(default_factory=list)
 
 
 class IntentGuess(msgspec.Struct, frozen=True, kw_only=True):
