@@ -11,9 +11,9 @@ calibrated first). The streams and team files:
 - its bank domain the same way;
 - the Chinese FAQ set: the team's data is the first 3 wordings of each label, the stream the rest.
 
-Columns: semantic hits and their wrong share; **captured**: right semantic hits over what a
-perfect cache would serve semantically (requests of a label seen before, in other words; never an
-out-of-scope one); the worst window of 500 requests; out-of-scope questions served by the intent
+Columns: semantic hits and their wrong share; **captured**: right semantic hits on texts not
+asked before, over what a perfect cache would serve semantically (requests of a label seen before,
+in other words; never an out-of-scope one); the worst window of 500 requests; out-of-scope questions served by the intent
 rule and by any rule (each counted wrong). Reports are kept as JSON in ``--out``.
 """
 
@@ -75,10 +75,17 @@ def opportunity(stream: Path) -> int:
 
 def figures(report: dict[str, Any], stream: Path) -> dict[str, Any]:
     trace = [step.split(":", 2) for step in report["trace"]]
-    labels = [msgspec.json.decode(line)["label"] for line in stream.read_text(encoding="utf-8").splitlines()]
+    requests = [msgspec.json.decode(line) for line in stream.read_text(encoding="utf-8").splitlines()]
+    labels = [r["label"] for r in requests]
+    # Beyond the stream's repeats: a text asked before is not what the semantic layer is for.
+    seen: set[str] = set()
+    new_text = []
+    for r in requests:
+        new_text.append(r["text"] not in seen)
+        seen.add(r["text"])
     wrong_at = {hit["index"] for hit in report["wrong_hits"] if hit["layer"] == "semantic-hit"}
     semantic = [i for i, (layer, _, _) in enumerate(trace) if layer == "semantic-hit"]
-    right = [i for i in semantic if i not in wrong_at]
+    right = [i for i in semantic if i not in wrong_at and new_text[i]]
     worst = 0.0
     for start in range(1000, len(trace), WINDOW):
         served = [i for i in semantic if start <= i < start + WINDOW]
