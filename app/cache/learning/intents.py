@@ -30,6 +30,8 @@ import math
 import msgspec
 import numpy as np
 
+from app.cache.storage.intents import softmax_predict
+
 # Learn-then-Test's risk level: the threshold holds with this probability.
 DELTA = 0.05
 # The pairs of intents most mixed up that a load reports (the console's twins).
@@ -81,11 +83,8 @@ def fit_softmax(vectors: np.ndarray, labels: np.ndarray, classes: int, *, epochs
 
 
 def predict(weights: np.ndarray, bias: np.ndarray, vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    logits = np.asarray(vectors, dtype=np.float32) @ weights + bias
-    logits -= logits.max(axis=1, keepdims=True)
-    probabilities = np.exp(logits)
-    probabilities /= probabilities.sum(axis=1, keepdims=True)
-    return probabilities.argmax(axis=1), probabilities.max(axis=1)
+    """(intent index, confidence) of each row: the served head's own arithmetic."""
+    return softmax_predict(weights, bias, vectors)
 
 
 def binomial_tail(wrong: int, served: int, rate: float) -> float:

@@ -28,6 +28,15 @@ logger = logging.getLogger("strata.intents")
 REFRESH_S = 2.0
 
 
+def softmax_predict(weights: np.ndarray, bias: np.ndarray, vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(class index, its probability) of each row under ``softmax(vectors @ weights + bias)``."""
+    logits = np.asarray(vectors, dtype=np.float32) @ weights + bias
+    logits -= logits.max(axis=1, keepdims=True)
+    probabilities = np.exp(logits)
+    probabilities /= probabilities.sum(axis=1, keepdims=True)
+    return probabilities.argmax(axis=1), probabilities.max(axis=1)
+
+
 class HeadMeta(msgspec.Struct, frozen=True, kw_only=True):
     """What a head knows of itself, readable with ``redis-cli HGET ... meta``.
 
@@ -92,17 +101,9 @@ class IntentHead:
         self.weights = np.asarray(weights, dtype=np.float32)
         self.bias = np.asarray(bias, dtype=np.float32)
 
-    def probabilities(self, vectors: np.ndarray) -> np.ndarray:
-        logits = np.asarray(vectors, dtype=np.float32) @ self.weights + self.bias
-        logits -= logits.max(axis=1, keepdims=True)
-        exp = np.exp(logits)
-        result: np.ndarray = exp / exp.sum(axis=1, keepdims=True)
-        return result
-
     def predict(self, vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(intent index, confidence) of each row."""
-        probabilities = self.probabilities(np.atleast_2d(vectors))
-        return probabilities.argmax(axis=1), probabilities.max(axis=1)
+        return softmax_predict(self.weights, self.bias, np.atleast_2d(vectors))
 
     def guess(self, vector: np.ndarray) -> IntentGuess:
         index, confidence = self.predict(vector)
