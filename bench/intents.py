@@ -99,12 +99,40 @@ def figures(report: dict[str, Any], stream: Path) -> dict[str, Any]:
             "oos_any": len(oos)}
 
 
+def head_cost(intents: int = 150, dims: int = 512, reads: int = 20_000) -> float:
+    """Microseconds the intent head takes to read one asked question: what the intent rule adds to
+    a lookup (the rule itself compares two fields of the KNN row)."""
+    import time
+
+    import numpy as np
+
+    from app.cache.storage.intents import HeadMeta, IntentHead
+
+    rng = np.random.default_rng(0)
+    meta = HeadMeta(name="bench", tenant="t", category="faq", intents=[f"i{i}" for i in range(intents)],
+                    shared=[True] * intents, threshold=0.65, fingerprint="x", phrasings=0, accuracy=0.0,
+                    served_share=0.0, held_out_wrong=0.0, error_bound=0.01, rule="", loaded_at=0)
+    head = IntentHead(meta, rng.normal(size=(dims, intents)).astype(np.float32), np.zeros(intents, np.float32))
+    vector = rng.normal(size=dims).astype(np.float32)
+    vector /= np.linalg.norm(vector)
+    for _ in range(200):
+        head.guess(vector)
+    started = time.perf_counter()
+    for _ in range(reads):
+        head.guess(vector)
+    return (time.perf_counter() - started) / reads * 1e6
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--head-cost", action="store_true", help="only time the head's reading of one question")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--out", default=".run/bench-intents")
     parser.add_argument("--only", nargs="*", default=[])
     args = parser.parse_args(argv)
+    if args.head_cost:
+        print(f"the intent head reads one question in {head_cost():.1f} us (150 intents, 512 dims)")
+        return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     print("| stream | team's data | seed | semantic | wrong | captured | intent hits | worst 500 | OOS served (intent / any) |")
