@@ -25,7 +25,7 @@ import redis
 
 from app.auth import add_key
 from tests.integration.test_learning import forget_question, sem_doc
-from tests.support import ADMIN_TOKEN, MODEL, FakeUpstream, ask, eventually, serve_strata, strata_settings
+from tests.support import ADMIN_TOKEN, MODEL, FakeUpstream, ask, eventually, scan, serve_strata, strata_settings
 
 playwright_api = pytest.importorskip("playwright.sync_api", reason="playwright is a test dependency (make test-deps)")
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -432,7 +432,7 @@ def test_a_curated_answer_wins_over_the_models_cached_answers_in_both_layers(
     entry = page.locator(".curated-entry", has=page.locator(".question", has_text="怎么开发票"))
     assert sorted(entry.locator(".variant").all_inner_texts()) == ["发票怎么开", "开发票的流程"]
     # No model copy is left in either layer.
-    for key in redis_sync.scan_iter(match="strata:v1:*"):
+    for key in scan(redis_sync, "strata:v1:*"):
         if redis_sync.type(key) == b"hash" and redis_sync.hget(key, "question") in ("怎么开发票".encode(), "发票怎么开".encode()):
             assert redis_sync.hget(key, "source") == b"faq", key
     # The same question again is refused with a word, not added twice.

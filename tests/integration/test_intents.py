@@ -10,7 +10,9 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 
+from tests.integration.test_learning import pool_key
 from tests.support import FakeUpstream, ask, eventually, run_cli, serve_strata, strata_settings
 
 INTENTS = {"X-Cache-Category": "learn_intents"}
@@ -48,7 +50,7 @@ def intents_on_health(base: str) -> list[dict[str, Any]]:
 
 
 def test_a_team_file_is_loaded_calibrated_served_and_replaced_only_by_a_good_one(
-        strata: str, redis_url: str, tmp_path: Path) -> None:
+        strata: str, redis_url: str, redis_sync: redis.Redis, tmp_path: Path) -> None:
     env = {"STRATA_REDIS_URL": redis_url}
     loaded = run_cli("intents", "load", str(team_file(tmp_path)), "--category", "learn_intents", env=env)
     assert loaded.returncode == 0, loaded.stderr
@@ -64,6 +66,11 @@ def test_a_team_file_is_loaded_calibrated_served_and_replaced_only_by_a_good_one
     served = ask(strata, "can you refund my order", headers=INTENTS)
     assert served.headers["x-cache"] == "semantic-hit" and served.headers["x-cache-verdict"] == "intent_match", \
         dict(served.headers)
+    # A user's "wrong" on it counts against the intent rule in the tenant's pool (and vetoes the pair).
+    marked = httpx.post(strata + "/v1/feedback", json={"id": served.json()["id"], "verdict": "wrong"})
+    assert marked.status_code == 200, marked.text
+    pool = redis_sync.hgetall(pool_key(redis_sync, "learn_intents"))
+    assert any(k.startswith(b"intent_wrong:") for k in pool), pool
     # Another intent is not served that answer.
     assert ask(strata, "where is the invoice for my order", headers=INTENTS).headers["x-cache"] == "miss"
     # A bad file: a clear message, exit 2, the previous intents in force.

@@ -77,3 +77,11 @@ def test_without_a_secret_ids_are_plain_and_short_secrets_are_refused() -> None:
     assert parse_secrets("") == ()
     with pytest.raises(ValueError, match="16 characters"):
         parse_secrets("short")
+
+
+def test_an_intent_hits_receipt_names_its_rule_and_other_ids_do_not_grow() -> None:
+    ids = ResponseIds([SECRET])
+    plain, intent = receipt(), receipt(rule="intent")
+    assert ids.open("chatcmpl-" + ids.seal(intent), now=intent.issued_at + 5).rule == "intent"
+    assert ids.open("chatcmpl-" + ids.seal(plain), now=plain.issued_at + 5).rule == ""
+    assert len(ids.seal(plain)) < len(ids.seal(intent))  # the rule is there only when there is one

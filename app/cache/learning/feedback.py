@@ -30,11 +30,12 @@ from typing import Literal
 import msgspec
 from redis.asyncio import Redis
 
+from app.cache.decision.stats import VOUCH_KINDS
 from app.cache.learning.observations import Observation, ObservationWriter
 from app.cache.learning.receipts import InvalidReceipt, Receipt, ResponseIds
 from app.cache.storage.contract import SharedRedis
 from app.cache.storage.invalidation import AuditLog, Invalidated
-from app.cache.storage.keys import verdict_key
+from app.cache.storage.keys import observation_field, verdict_key
 
 logger = logging.getLogger("strata.feedback")
 
@@ -157,9 +158,12 @@ class Feedback:
             deleted = int(await target.redis.unlink(served.document, same_question)) if wrong else 0
             applied = "deleted the exact entry" if deleted else "nothing to change" if wrong else "noted"
         else:
+            # A "wrong" on a hit a rule vouched for (the team's intents) counts against that rule too.
+            kinds = VOUCH_KINDS.get(served.rule)
+            rules = (observation_field(kinds[1], served.score_bin),) if kinds is not None and wrong else ()
             await target.observations.record(Observation.FEEDBACK, served.version, served.category, served.tenant,
                                              document=served.document, root=served.root, similarity=served.similarity,
-                                             score_bin=served.score_bin, same=not wrong)
+                                             score_bin=served.score_bin, same=not wrong, rules=rules)
             applied = (f"vetoed {'the entry' if served.document == served.root else 'the alias and its entry'} at "
                        f"similarity {served.similarity:.3f} and below; a wrong observation at bin {served.score_bin}"
                        if wrong else f"a confirmation of the entry at bin {served.score_bin}")

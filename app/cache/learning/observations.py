@@ -13,7 +13,8 @@ category's figures) count:
   fields when it read the pair.
 - ``VOUCHED_MISS``: the vouching rule's ``record_*:<bin>`` / ``reader_*:<bin>`` and ``explored_*``,
   never the pool's own bins (a sample the rule chose).
-- ``FEEDBACK``: ``wrong:<bin>`` for a "wrong"; nothing for a "right".
+- ``FEEDBACK``: ``wrong:<bin>`` for a "wrong", and the vouching rule's ``*_wrong:<bin>`` when the
+  receipt names one (the team's intents); nothing for a "right".
 - ``REVIEW``: nothing.
 
 The Lua script (:data:`_OBSERVE`) is handed field names only: what to count on the document,
@@ -67,7 +68,7 @@ def pool_fields(kind: Observation, *, same: bool, score_bin: int, explored: bool
     fields = [observation_field(OBS_OK if same else OBS_WRONG, score_bin)] \
         if kind in (Observation.ANSWERED_MISS, Observation.FEEDBACK) else []
     if kind is Observation.FEEDBACK:
-        return fields
+        return [*fields, *rules]
     if explored:
         fields.append(OBS_EXPLORED_OK if same else OBS_EXPLORED_WRONG)
     return [*fields, *rules]

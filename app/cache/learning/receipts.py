@@ -34,8 +34,9 @@ from collections.abc import Sequence
 
 import msgspec
 
+from app.cache.decision.verify import INTENT_MATCH
 from app.cache.storage.contract import CacheHit, CacheQuery, SharedRedis
-from app.cache.storage.keys import RESPONSE_SECRET_KEY
+from app.cache.storage.keys import RESPONSE_SECRET_KEY, VOUCH_INTENT
 
 logger = logging.getLogger("strata.receipts")
 
@@ -69,6 +70,8 @@ class Receipt(msgspec.Struct, frozen=True, kw_only=True):
         source: ``model`` or ``faq``.
         issued_at: When it was served (UNIX seconds).
         nonce: Random bytes, hex: tells two responses of one hit apart (one verdict each).
+        rule: The rule that vouched for a semantic hit beside the pool, when feedback on it must
+            count against that rule too (``intent``: the team's intents); "" otherwise.
     """
 
     tenant: str
@@ -83,6 +86,7 @@ class Receipt(msgspec.Struct, frozen=True, kw_only=True):
     source: str = "model"
     issued_at: int = 0
     nonce: str = ""
+    rule: str = ""
 
     @classmethod
     def of(cls, query: CacheQuery, hit: CacheHit, *, now: float | None = None) -> Receipt:
@@ -92,7 +96,7 @@ class Receipt(msgspec.Struct, frozen=True, kw_only=True):
                    version=query.version, layer=hit.layer, document=document, root=hit.key or document,
                    similarity=hit.similarity if hit.similarity is not None else 1.0, score_bin=hit.score_bin or 0,
                    source=hit.source, issued_at=int(time.time() if now is None else now),
-                   nonce=secrets.token_hex(NONCE_BYTES))
+                   nonce=secrets.token_hex(NONCE_BYTES), rule=rule_of(hit))
 
 
 class _Packed(msgspec.Struct, array_like=True, frozen=True):
@@ -113,6 +117,7 @@ class _Packed(msgspec.Struct, array_like=True, frozen=True):
     source: str
     issued_at: int
     nonce: bytes
+    rule: str = ""  # last and optional: ids without it (most) stay as short as before
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -134,20 +139,21 @@ def _join(prefix: str, digest: bytes) -> str:
 def _pack(receipt: Receipt) -> bytes:
     return _pack_fields(receipt.tenant, receipt.user, receipt.category, receipt.version, receipt.layer,
                         receipt.document, receipt.root, receipt.similarity, receipt.score_bin, receipt.source,
-                        receipt.issued_at, bytes.fromhex(receipt.nonce))
+                        receipt.issued_at, bytes.fromhex(receipt.nonce), receipt.rule)
 
 
 def _pack_fields(tenant: str, user: str, category: str, version: str, layer: str, document: str, root: str,
-                 similarity: float, score_bin: int, source: str, issued_at: int, nonce: bytes) -> bytes:
+                 similarity: float, score_bin: int, source: str, issued_at: int, nonce: bytes, rule: str = "") -> bytes:
     """The payload of :class:`_Packed`, encoded from a tuple (msgspec writes both as one array):
     the hit path builds no struct."""
     document_prefix, document_digest = _split(document)
     root_prefix, root_digest = _split(root)
     if root_prefix == document_prefix and root_digest:
         root_prefix = ""
-    return _encoder.encode((tenant, user, category, version, _LAYERS.get(layer, layer), document_prefix,
-                            document_digest, root_prefix, root_digest, round(similarity * 1000), score_bin,
-                            _SOURCES.get(source, source), issued_at, nonce))
+    fields = (tenant, user, category, version, _LAYERS.get(layer, layer), document_prefix, document_digest,
+              root_prefix, root_digest, round(similarity * 1000), score_bin, _SOURCES.get(source, source), issued_at,
+              nonce)
+    return _encoder.encode((*fields, rule) if rule else fields)
 
 
 def _unpack(payload: bytes) -> Receipt:
@@ -159,7 +165,12 @@ def _unpack(payload: bytes) -> Receipt:
                    layer=_LAYER_NAMES.get(packed.layer, packed.layer), document=document, root=root,
                    similarity=packed.similarity_milli / 1000, score_bin=packed.score_bin,
                    source=_SOURCE_NAMES.get(packed.source, packed.source), issued_at=packed.issued_at,
-                   nonce=packed.nonce.hex())
+                   nonce=packed.nonce.hex(), rule=packed.rule)
+
+
+def rule_of(hit: CacheHit) -> str:
+    """The rule feedback on a hit also counts against: the team's intents' (issue #46), or none."""
+    return VOUCH_INTENT if hit.reason == INTENT_MATCH else ""
 
 
 def _secret_id(secret: bytes) -> int:
@@ -249,7 +260,7 @@ class ResponseIds:
         payload = _pack_fields(query.canonical.tenant, query.canonical.user or "", query.category.name, query.version,
                                hit.layer, document, hit.key or document,
                                hit.similarity if hit.similarity is not None else 1.0, hit.score_bin or 0, hit.source,
-                               int(time.time()), os.urandom(NONCE_BYTES))
+                               int(time.time()), os.urandom(NONCE_BYTES), rule_of(hit))
         return CHAT_PREFIX + self._sign(payload)
 
     def seal(self, receipt: Receipt) -> str:
