@@ -10,7 +10,7 @@
     strata faq load FILE.csv|FILE.yaml [--name NAME]
     strata keys [--file KEYS.json] add --tenant NAME [--user ID] [--may-refresh] [--operator] | revoke KEY_ID | list
     strata admin-token ensure|show|rotate [--file PATH]
-    strata intents load FILE [--tenant NAME] [--category NAME] [--name NAME] | show | remove
+    strata intents load FILE [--tenant NAME] [--category NAME] [--name NAME] | refit | show | remove
     strata cache invalidate ... | audit ...   (app/ops.py)
     strata top [--url URL]                    (app/top.py)
 
@@ -496,6 +496,8 @@ def cmd_intents(args: argparse.Namespace, settings: Settings) -> int:
     if category not in policy.categories:
         return fail(f"unknown category {category!r}; known: {', '.join(sorted(policy.categories))}")
     items = None
+    if args.action in ("load", "refit") and not settings.semantic.enabled:
+        return fail("intents serve the semantic layer, which is off (STRATA_SEMANTIC_ENABLED=false)")
     if args.action == "load":
         path = Path(args.file)
         name = args.name or path.stem
@@ -510,7 +512,7 @@ def cmd_intents(args: argparse.Namespace, settings: Settings) -> int:
         from app.assembly import open_cache, reconcile
         from app.cache.storage.intents import IntentStore
 
-        async with open_cache(settings, semantic=args.action == "load") as cache:
+        async with open_cache(settings, semantic=args.action in ("load", "refit")) as cache:
             if cache.shared is None:
                 raise IntentsFileError("Redis did not answer")
             store = IntentStore(cache.shared)
@@ -521,6 +523,13 @@ def cmd_intents(args: argparse.Namespace, settings: Settings) -> int:
                 loaded = await load_intents(cache, policy, items, tenant=tenant, category=category, name=name,
                                             seed=args.seed)
                 return loaded.line()
+            if args.action == "refit":
+                from app.intents import refit_intents
+
+                for each in cache.each:
+                    await reconcile(each.bucket.redis, each.versions, each.semantic)
+                refit = await refit_intents(cache, policy, tenant=tenant, category=category)
+                return f"refit with {refit.approvals} approved pairs of the review queue: {refit.loaded.line()}"
             if args.action == "remove":
                 if not await store.remove(category, tenant):
                     raise IntentsFileError(f"no intents loaded for tenant {tenant!r} in {category!r}")
@@ -693,6 +702,7 @@ def parser() -> argparse.ArgumentParser:
     intents = commands.add_parser("intents", help="a team's intents: labelled phrasings that make semantic hits safe")
     intents_steps = intents.add_subparsers(dest="action", required=True)
     for action, text in (("load", "fit, calibrate and serve a file of labelled phrasings (CSV text,intent or YAML)"),
+                         ("refit", "fit and calibrate again with the review queue's approvals folded in"),
                          ("show", "what is loaded for a tenant and category"), ("remove", "stop serving them")):
         step = intents_steps.add_parser(action, help=text)
         if action == "load":

@@ -35,6 +35,7 @@ from app.cache.storage.keys import (
     FIELD_TENANT,
     SOURCE_FAQ,
     as_text,
+    intents_file_key,
     normalize_text,
 )
 from app.calibrate.pairs import read_utf8
@@ -213,12 +214,66 @@ async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *,
                     confused=[(every[a].intent, every[b].intent, n) for a, b, n in calibration.confused])
     head = IntentHead(meta, weights, bias)
     await IntentStore(cache.shared).save(head)
+    await cache.shared.set(intents_file_key(category, tenant), msgspec.json.encode(items))
     answers = [FaqItem(category=category, question=item.phrasings[0], variants=item.phrasings[1:], answer=item.answer,
                        tenant=tenant, intent=item.intent) for item in items if item.answer is not None]
     if answers:
         await load_faq_in_buckets(cache, answers, f"intents-{name}", policy)
     labelled = await label_documents(cache, head, tag)
     return IntentsLoaded(meta=meta, labelled=labelled, answers=len(answers), seconds=time.monotonic() - started)
+
+
+class Refit(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``strata intents refit`` folded in, and the load it made."""
+
+    approvals: int
+    loaded: IntentsLoaded
+
+
+async def refit_intents(cache: object, policy: Policy, *, tenant: str, category: str, seed: int = 0) -> Refit:
+    """Fit and calibrate again, the team's phrasings plus what its reviewers approved since: each
+    approved pair of the review queue (audited) makes the asked question a phrasing of the intent
+    whose phrasings hold the cached question (or the current head's confident reading of it). A
+    rejection names no intent, and a user's "wrong" already counts against the rule: neither adds
+    a phrasing. Trust moves only with the new calibration.
+
+    Raises:
+        IntentsFileError: Nothing was loaded for this tenant and category.
+    """
+    from app.assembly import CacheParts
+
+    assert isinstance(cache, CacheParts) and cache.shared is not None
+    stored = await cache.shared.get(intents_file_key(category, tenant))
+    head = await IntentStore(cache.shared).get(category, tenant)
+    if stored is None or head is None:
+        raise IntentsFileError(f"no intents loaded for tenant {tenant!r} in {category!r}: load a file first")
+    items = msgspec.json.decode(stored, type=list[IntentDef])
+    owner = {normalize_text(t): item.intent for item in items for t in item.phrasings}
+    pairs: list[tuple[str, str]] = []
+    for event in await cache.invalidator.audit(10_000):
+        if event.get("kind") != "review" or not event.get("target", "").startswith("approve"):
+            continue
+        try:
+            fields = msgspec.json.decode(event.get("request", "{}"))
+        except msgspec.DecodeError:
+            continue
+        if isinstance(fields, dict) and fields.get("tenant") == tenant and fields.get("category") == category:
+            pairs.append((normalize_text(str(fields.get("asked", ""))), normalize_text(str(fields.get("cached", "")))))
+    unknown = sorted({cached for _, cached in pairs if cached not in owner})
+    if unknown and cache.each and cache.each[0].semantic is not None:
+        readings = head.predict(await embed_in_slices(cache.each[0].semantic.embedder, unknown))
+        for text, index, sure in zip(unknown, *readings, strict=True):
+            if sure >= head.meta.threshold:
+                owner[text] = head.meta.intents[int(index)]
+    added: dict[str, list[str]] = {}
+    for asked, cached in pairs:
+        intent = owner.get(cached)
+        if intent is not None and asked and asked not in owner:
+            owner[asked] = intent
+            added.setdefault(intent, []).append(asked)
+    grown = [msgspec.structs.replace(item, phrasings=item.phrasings + added.get(item.intent, [])) for item in items]
+    loaded = await load_intents(cache, policy, grown, tenant=tenant, category=category, name=head.meta.name, seed=seed)
+    return Refit(approvals=sum(len(v) for v in added.values()), loaded=loaded)
 
 
 async def label_documents(cache: object, head: IntentHead, tag: str, page: int = 1_000) -> int:

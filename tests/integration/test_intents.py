@@ -4,6 +4,7 @@ served as an intent match, bad files refused with the previous intents left in f
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,15 @@ def test_a_team_file_is_loaded_calibrated_served_and_replaced_only_by_a_good_one
     fixed = run_cli("intents", "load", str(team_file(tmp_path)), "--category", "faq", env=env)
     assert fixed.returncode == 2 and "is not adaptive" in fixed.stderr
     assert "'team' for tenant 'default'" in run_cli("intents", "show", "--category", "learn_intents", env=env).stdout
+    # Refit: a reviewer's approval (audited) makes the asked question a phrasing of the cached one's
+    # intent, and the head is fitted and calibrated again with it.
+    redis_sync.xadd("strata:meta:audit", {"who": "console:admin@test", "kind": "review", "target": "approve 0",
+                                          "deleted": 0, "at": 0, "request": json.dumps({
+                                              "asked": "my money back for the broken kettle", "cached": "refund process",
+                                              "tenant": "default", "category": "learn_intents"})})
+    refit = run_cli("intents", "refit", "--category", "learn_intents", env=env)
+    assert refit.returncode == 0 and "refit with 1 approved pairs" in refit.stdout and "41 phrasings" in refit.stdout, \
+        (refit.stdout, refit.stderr)
     # Removed: served nowhere within seconds.
     assert run_cli("intents", "remove", "--category", "learn_intents", env=env).returncode == 0
     assert eventually(lambda: not [h for h in intents_on_health(strata) if h["category"] == "learn_intents"], timeout=15)

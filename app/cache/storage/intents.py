@@ -20,7 +20,7 @@ import msgspec
 import numpy as np
 
 from app.cache.storage.contract import CACHE_ERRORS, SharedRedis
-from app.cache.storage.keys import INTENTS_GENERATION_KEY, INTENTS_PREFIX, as_text, intents_key
+from app.cache.storage.keys import INTENTS_GENERATION_KEY, INTENTS_PREFIX, as_text, intents_file_key, intents_key
 
 logger = logging.getLogger("strata.intents")
 
@@ -147,6 +147,7 @@ class IntentStore:
 
     async def remove(self, category: str, tenant: str) -> bool:
         removed = bool(await self._redis.delete(intents_key(category, tenant)))
+        await self._redis.delete(intents_file_key(category, tenant))
         if removed:
             await self._redis.incr(INTENTS_GENERATION_KEY)
         return removed

@@ -34,6 +34,8 @@ Redis key layout (every name readable with ``redis-cli``)::
                                    HASH    a team's intent head (`strata intents load`): meta (JSON: intents,
                                            shared flags, calibrated threshold, embedder, measures), weights
                                            and bias (float32 bytes); strata:meta:intents-generation counts changes
+    strata:meta:intents-file:<category>:<tenant>
+                                   STRING  the labelled phrasings it was fitted on (JSON), for `strata intents refit`
     strata:console:ended:<session id>
                                    STRING  a console session signed out: refused until it would have
                                            expired anyway (its TTL), so the table never outgrows the sessions
@@ -430,6 +432,11 @@ def canonicalize(
         last=messages[-1],
         question=question,
     )
+
+
+def intents_file_key(category: str, tenant: str) -> str:
+    """The labelled phrasings a tenant's head was fitted on (JSON), kept for ``strata intents refit``."""
+    return f"{NAMESPACE}:meta:intents-file:{category}:{tenant}"
 
 
 def intents_key(category: str, tenant: str) -> str:
