@@ -22,7 +22,7 @@ import yaml
 from redisvl.query import FilterQuery
 from redisvl.query.filter import Tag
 
-from app.cache.learning.intents import calibrate, fewest_to_show, fit_softmax
+from app.cache.learning.intents import GRID_SHARES, calibrate, fewest_to_show, fit_softmax, risk_level
 from app.cache.storage.intents import HeadMeta, IntentHead, IntentStore
 from app.cache.storage.keys import (
     FIELD_CATEGORY,
@@ -194,17 +194,17 @@ async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *,
     texts = [normalize_text(t) for item in every for t in item.phrasings]
     labels = np.array([n for n, item in enumerate(every) for _ in item.phrasings])
     vectors = await embed_in_slices(embedder, texts)
+    delta = risk_level(semantic_policy.confidence)
     calibration = calibrate(vectors, labels, len(every), semantic_policy.error_bound, semantic_policy.threshold,
-                            delta=1 - semantic_policy.confidence, seed=seed)
+                            delta=delta, seed=seed)
     weights, bias = fit_softmax(vectors, labels, len(every), seed=seed)
     if calibration.threshold > 1:
         rule = (f"serves nothing: the held-out folds do not show {semantic_policy.error_bound:.1%} wrong at "
-                f"{semantic_policy.confidence:.0%} (at least {fewest_to_show(semantic_policy.error_bound, 1 - semantic_policy.confidence)} "
-                f"held-out hits "
-                f"are needed to show it)")
+                f"{1 - delta:.0%} (at least {fewest_to_show(semantic_policy.error_bound, delta, len(GRID_SHARES))} "
+                f"clean held-out hits are needed to show it)")
     else:
         rule = (f"both questions of one intent at confidence >= {calibration.threshold:.3f}: wrong share <= "
-                f"{semantic_policy.error_bound:.1%} at {semantic_policy.confidence:.0%} on held-out folds simulated as streams")
+                f"{semantic_policy.error_bound:.1%} at {1 - delta:.0%} on held-out folds simulated as streams")
     meta = HeadMeta(name=name, tenant=tenant, category=category, intents=[i.intent for i in every],
                     shared=[i.shared for i in every], threshold=calibration.threshold,
                     fingerprint=f"{embedder.name}:{embedder.dims}", phrasings=len(texts),
