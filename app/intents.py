@@ -11,6 +11,7 @@ intent, its question and variants its phrasings.
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import io
 import time
@@ -195,9 +196,15 @@ async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *,
     labels = np.array([n for n, item in enumerate(every) for _ in item.phrasings])
     vectors = await embed_in_slices(embedder, texts)
     delta = risk_level(semantic_policy.confidence)
-    calibration = calibrate(vectors, labels, len(every), semantic_policy.error_bound, semantic_policy.threshold,
-                            delta=delta, seed=seed)
-    weights, bias = fit_softmax(vectors, labels, len(every), seed=seed)
+    check = cache.each[0].semantic.check
+
+    def refused(asker: int, cached: int) -> bool:
+        return check.guard(texts[asker], texts[cached]) is not None
+
+    calibration = await asyncio.to_thread(
+        calibrate, vectors, labels, len(every), semantic_policy.error_bound, semantic_policy.threshold,
+        delta=delta, seed=seed, refused=refused)
+    weights, bias = await asyncio.to_thread(fit_softmax, vectors, labels, len(every), seed=seed)
     if calibration.threshold > 1:
         rule = (f"serves nothing: the held-out folds do not show {semantic_policy.error_bound:.1%} wrong at "
                 f"{1 - delta:.0%} (at least {fewest_to_show(semantic_policy.error_bound, delta, len(GRID_SHARES))} "

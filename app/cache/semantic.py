@@ -72,6 +72,11 @@ class SemanticCache:
         return self._embedder
 
     @property
+    def check(self) -> CandidateCheck:
+        """The guards and verifier this layer decides with (the intents' calibration replays them)."""
+        return self._check
+
+    @property
     def keys_redis(self) -> Redis:
         """The Redis holding this layer's documents (its bucket's, on a cluster)."""
         return self._redis

@@ -11,7 +11,8 @@ question and a cached one in the band are given the same intent with confidence 
 phrasings are held out, and in each fold a tenth of the intents is held out whole, so their
 phrasings stand for questions of no intent of the team's (out of scope). Each fold is replayed as a
 stream would meet it: each held-out phrasing asks, the fold's other phrasings are the cache (its
-nearest 8 at the category's floor or above, as the KNN finds them), and the rule serves it or not;
+nearest 8 at the category's floor or above, as the KNN finds them, less those the guards set aside,
+as they do before the rule), and the rule serves it or not;
 served, it is wrong when the cached phrasing has another label, or always when its own intent was
 held out. The candidate thresholds are a grid fixed before any label is read (the confidences at
 which 10%, 15%, ... 95% of the held-out phrasings are at or above); at each, the null "wrong share
@@ -29,6 +30,7 @@ clean hits at 1%) gets a rule that serves nothing, and is told so.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import msgspec
 import numpy as np
@@ -147,13 +149,17 @@ class Fold(msgspec.Struct, frozen=True, kw_only=True):
 
 
 NEIGHBOURS = 8
+# Whether the guards set a pair aside (the phrasings' indices: the asker's, the cached one's).
+Refused = Callable[[int, int], bool]
 
 
 def held_out_folds(vectors: np.ndarray, labels: np.ndarray, classes: int, floor: float, *, folds: int = FOLDS,
-                   unknown_share: float = UNKNOWN_SHARE, seed: int = 0, epochs: int = EPOCHS) -> list[Fold]:
+                   unknown_share: float = UNKNOWN_SHARE, seed: int = 0, epochs: int = EPOCHS,
+                   refused: Refused | None = None) -> list[Fold]:
     """Each fold's phrasings predicted by a head fitted without them (and without a tenth of the
     intents, whose phrasings stand for unknown questions), with their nearest neighbours in the
-    fold at ``floor`` or above, as the cache's KNN would find them."""
+    fold at ``floor`` or above, as the cache's KNN would find them; a neighbour the guards refuse
+    (``refused``) is set aside as the rules set it aside before the intent rule."""
     rng = np.random.default_rng(seed)
     fold_of = np.empty(len(labels), dtype=int)
     for label in range(classes):
@@ -174,6 +180,11 @@ def held_out_folds(vectors: np.ndarray, labels: np.ndarray, classes: int, floor:
         np.fill_diagonal(similarity, -1.0)
         nearest = np.argsort(-similarity, axis=1)[:, :NEIGHBOURS]
         nearest = np.where(np.take_along_axis(similarity, nearest, axis=1) >= floor, nearest, -1)
+        if refused is not None:
+            members = np.flatnonzero(test)
+            for row, column in zip(*np.nonzero(nearest >= 0), strict=True):
+                if refused(int(members[row]), int(members[nearest[row, column]])):
+                    nearest[row, column] = -1
         result.append(Fold(labels=labels[test], predicted=predicted, confidence=sure, unknown=is_hidden[test],
                            neighbours=nearest))
     return result
@@ -194,9 +205,10 @@ def rule_outcomes(fold: Fold, threshold: float) -> tuple[np.ndarray, np.ndarray]
 
 
 def calibrate(vectors: np.ndarray, labels: np.ndarray, classes: int, error_bound: float, floor: float, *,
-              delta: float = DELTA, seed: int = 0, folds: int = FOLDS, epochs: int = EPOCHS) -> Calibration:
+              delta: float = DELTA, seed: int = 0, folds: int = FOLDS, epochs: int = EPOCHS,
+              refused: Refused | None = None) -> Calibration:
     """The threshold of the intent rule under ``error_bound`` (the module's procedure)."""
-    held = held_out_folds(vectors, labels, classes, floor, folds=folds, seed=seed, epochs=epochs)
+    held = held_out_folds(vectors, labels, classes, floor, folds=folds, seed=seed, epochs=epochs, refused=refused)
     confidence = np.concatenate([f.confidence for f in held])
     unknown = np.concatenate([f.unknown for f in held])
     right = np.concatenate([(f.predicted == f.labels) & ~f.unknown for f in held])
