@@ -23,7 +23,7 @@ import yaml
 from redisvl.query import FilterQuery
 from redisvl.query.filter import Tag
 
-from app.cache.learning.intents import GRID_SHARES, calibrate, fewest_to_show, fit_softmax, risk_level
+from app.cache.learning.intents import CHAIN_STARTS, calibrate, fewest_to_show, fit_softmax, risk_level
 from app.cache.storage.intents import HeadMeta, IntentHead, IntentStore
 from app.cache.storage.keys import (
     FIELD_CATEGORY,
@@ -207,7 +207,7 @@ async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *,
     weights, bias = await asyncio.to_thread(fit_softmax, vectors, labels, len(every), seed=seed)
     if calibration.threshold > 1:
         rule = (f"serves nothing: the held-out folds do not show {semantic_policy.error_bound:.1%} wrong at "
-                f"{1 - delta:.0%} (at least {fewest_to_show(semantic_policy.error_bound, delta, len(GRID_SHARES))} "
+                f"{1 - delta:.0%} (at least {fewest_to_show(semantic_policy.error_bound, delta, len(CHAIN_STARTS))} "
                 f"clean held-out hits are needed to show it)")
     else:
         rule = (f"both questions of one intent at confidence >= {calibration.threshold:.3f}: wrong share <= "

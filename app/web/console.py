@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 import math
 import re
 import time
@@ -40,6 +41,7 @@ from app.cache.decision.verify import INTENT_MATCH, READER_ACCEPTED
 from app.cache.learning.feedback import FeedbackError, FeedbackRequest
 from app.cache.learning.review import REVIEW_MAX_ITEMS, ReviewItem
 from app.cache.storage.contract import CACHE_ERRORS
+from app.cache.storage.intents import IntentRefits, RefitState
 from app.cache.storage.invalidation import Invalidated, Invalidation, InvalidationError, NothingThere
 from app.cache.storage.keys import (
     FIELD_ANSWER,
@@ -57,6 +59,7 @@ from app.cache.storage.recent import RECENT_HITS
 from app.cache.storage.usage import LAYERS
 from app.errors import StrataError
 from app.faq import FaqItem, curated_completion, load_faq_in_buckets, remove_model_copies
+from app.intents import IntentsFileError, refit_intents
 from app.lifespan import Resources, sweep_generations_after, sweep_versions_after
 from app.policy import AdaptiveSemantic
 from app.web.guard import ConsoleGuard, token_prefix
@@ -64,6 +67,8 @@ from app.web.headers import security_headers
 from app.web.overview import CURVE_SLOT_MINUTES, LayerFigures, layer_figures
 from app.web.sessions import SESSION_COOKIE, SESSION_TTL_S, ConsoleSession, SessionSigner
 from app.web.words import MESSAGES, VERDICT_WORDS, verdict_words
+
+logger = logging.getLogger("strata.console")
 
 TEMPLATES = Path(__file__).parent / "templates"
 # Minutes the overview draws (what `strata:meta:layers:<minute>` keeps: two hours).
@@ -155,6 +160,22 @@ def _message(request: Request[Any, Any, Any], session: ConsoleSession, resources
     if detail and hmac.compare_digest(signature.encode(), _signer(resources).sign(f"{session.sid}|{code}|{detail}").encode()):
         return f"{words} {detail}"
     return words
+
+
+async def _refit(resources: Resources, refits: IntentRefits, started: RefitState, *, tenant: str,
+                 category: str) -> None:
+    """A console refit, off the request: what it said (or why it failed) is kept for the page."""
+    try:
+        refit = await refit_intents(resources.cache, resources.policy, tenant=tenant, category=category)
+    except (IntentsFileError, *CACHE_ERRORS) as exc:
+        logger.warning("intents refit of %s/%s failed: %s", category, tenant, exc)
+        await refits.finish(category, tenant, started, failed=True, said=str(exc))
+        return
+    except Exception as exc:
+        await refits.finish(category, tenant, started, failed=True, said=f"failed: {exc!r}")
+        raise  # logged by the background task's owner
+    await refits.finish(category, tenant, started, failed=False,
+                        said=f"{refit.approvals} approved pairs folded in: {refit.loaded.line()}")
 
 
 def _elsewhere(session: ConsoleSession, *tenants: str | None) -> bool:
@@ -642,10 +663,41 @@ class ConsoleController(Controller):
                         status = "suspended: its measured hits refute the calibration"
                 except CACHE_ERRORS:
                     pass
+            refit = None
+            if resources.cache.shared is not None:
+                try:
+                    refit = await IntentRefits(resources.cache.shared).get(m.category, m.tenant)
+                except CACHE_ERRORS:
+                    pass
             rows.append({"meta": m, "status": status, "explored": measured[1], "explored_wrong": measured[0],
                          "hits": resources.recent.latest(tenant=m.tenant, category=m.category, verdict=INTENT_MATCH,
-                                                         count=RECENT_HITS)})
+                                                         count=RECENT_HITS), "refit": refit})
         return _page("intents.html", session, resources, heads=rows, tenant=shown or "")
+
+    @post("/intents/refit")
+    async def intents_refit(self, request: Request[Any, Any, Any], resources: Resources) -> Template | Redirect:
+        """Fit and calibrate a head again with the review queue's approvals folded in (what
+        ``strata intents refit`` does), in the background: one at a time per tenant and category,
+        audited; the page shows it running, then what the load said."""
+        session, form = await _change(request, resources)
+        tenant, category = (session.tenant or form.get("tenant", "").strip()), form.get("category", "").strip()
+        if _elsewhere(session, form.get("tenant", "").strip()):
+            return _forbidden(session, resources, "You cannot refit another tenant's intents.")
+        heads, shared = resources.cache.intents, resources.cache.shared
+        if heads is None or shared is None or heads.get(tenant, category) is None:
+            return _page("error.html", session, resources, status=404,
+                         refusal=f"No intents are loaded for tenant {tenant} in {category}: load a file first.")
+        who = _who(session, request)
+        refits = IntentRefits(shared)
+        started = await refits.start(category, tenant, who)
+        if started is None:
+            return _done("/console/intents", session, resources, "refit-running", f"{category} · tenant {tenant}")
+        await resources.cache.invalidator.audit_log.record_event(
+            who=who, done=Invalidated(kind="intents", target=f"refit {category} {tenant}"),
+            request={"tenant": tenant, "category": category})
+        resources.spawn(_refit(resources, refits, started, tenant=tenant, category=category),
+                        f"intents-refit-{category}-{tenant}")
+        return _done("/console/intents", session, resources, "refit-started", f"{category} · tenant {tenant}")
 
     @get("/invalidate")
     async def invalidate_form(self, request: Request[Any, Any, Any], resources: Resources) -> Template:

@@ -67,4 +67,6 @@ MESSAGES = {
     "not-applied": "Not applied: the entry is gone or full.",
     "curated-saved": "Saved: the next request gets it.",
     "signed-out": "Signed out.",
+    "refit-started": "Refit started: the head is fitted and calibrated again; this page shows when it is done.",
+    "refit-running": "A refit is running already.",
 }

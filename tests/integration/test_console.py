@@ -509,6 +509,16 @@ def test_the_intents_page_shows_a_teams_head_its_rule_and_its_twins(
     # Forty phrasings cannot show a 1% bound: the page says the rule serves nothing, and why.
     assert "4" in card.locator("td").first.inner_text() and "serves nothing" in text, text
     assert card.locator(".twins tr").count() >= 2
+    # Refit from the page: it runs in the background, one at a time, and the page says what it did.
+    with page.expect_navigation():
+        card.locator("button.refit").click()
+    assert "Refit started" in page.locator("#message").inner_text()
+    assert eventually(lambda: (page.goto(strata + "/console/intents"),
+                               "done" in card.locator(".refit-state").inner_text())[1], timeout=120)
+    assert "0 approved pairs folded in: loaded 40 phrasings" in card.locator(".refit-state").inner_text()
+    page.goto(strata + "/console/audit")
+    assert "refit console" in page.locator("body").inner_text()
+    page.goto(strata + "/console/intents")
     shot(page, "intents")
     subprocess.run([sys.executable, "-m", "app.cli", "intents", "remove", "--category", "console"], cwd=ROOT,
                    capture_output=True, env={**os.environ, "STRATA_REDIS_URL": redis_url,

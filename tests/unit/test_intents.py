@@ -72,15 +72,10 @@ def test_learn_then_test_refuses_what_it_cannot_show_and_certifies_what_it_can()
     assert calibrate(blur, blur_labels, 10, 0.01, 0.0).threshold > 1
 
 
-def test_the_grid_is_tested_at_once_and_the_guards_are_replayed() -> None:
-    # Eighteen thresholds tested together (Bonferroni): a clean record needs 586 hits at 1%, 95%.
-    assert fewest_to_show(0.01, 0.05, 18) == 586 and fewest_to_show(0.01, 0.05, 18) > fewest_to_show(0.01)
+def test_two_sequences_share_the_risk_and_the_guards_are_replayed() -> None:
+    # Two fixed sequences at half the risk each: a clean record needs 368 hits at 1%, 95%.
+    assert fewest_to_show(0.01, 0.05, 2) == 368 and fewest_to_show(0.01, 0.05, 2) > fewest_to_show(0.01)
     many, labels = clusters(150, 10, 0.2, seed=1)
     assert calibrate(many, labels, 10, 0.05, 0.0, delta=0.05).threshold <= 1
     # Guards that set every cached phrasing aside leave the rule nothing to serve in the folds.
     assert calibrate(many, labels, 10, 0.05, 0.0, delta=0.05, refused=lambda asker, cached: True).threshold > 1
-    # A few mislabelled phrasings do not stop the grid (a fixed sequence stops at its first miss).
-    noisy = labels.copy()
-    noisy[::150] = (noisy[::150] + 1) % 10
-    shown = calibrate(many, noisy, 10, 0.05, 0.0, delta=0.05)
-    assert shown.threshold <= 1 and shown.served_share > 0.3

@@ -20,7 +20,14 @@ import msgspec
 import numpy as np
 
 from app.cache.storage.contract import CACHE_ERRORS, SharedRedis
-from app.cache.storage.keys import INTENTS_GENERATION_KEY, INTENTS_PREFIX, as_text, intents_file_key, intents_key
+from app.cache.storage.keys import (
+    INTENTS_GENERATION_KEY,
+    INTENTS_PREFIX,
+    as_text,
+    intents_file_key,
+    intents_key,
+    intents_refit_key,
+)
 
 logger = logging.getLogger("strata.intents")
 
@@ -168,6 +175,48 @@ class IntentStore:
             except ValueError as exc:
                 logger.warning("intent head %s unreadable, not served: %s", as_text(key), exc)
         return heads
+
+
+# A refit still "running" after this long died with its worker; another may start.
+REFIT_LOCK_S = 900
+# How long the console shows a finished refit.
+REFIT_KEPT_S = 7 * 86400
+
+
+class RefitState(msgspec.Struct, frozen=True, kw_only=True):
+    """The console's last refit of a head: ``running`` (the lock), ``done`` or ``failed``."""
+
+    state: str
+    by: str
+    started_at: int
+    finished_at: int | None = None
+    said: str = ""
+
+
+class IntentRefits:
+    """The console's refits: one at a time per tenant and category, and what the last one said."""
+
+    def __init__(self, redis: SharedRedis) -> None:
+        self._redis = redis
+
+    async def start(self, category: str, tenant: str, by: str) -> RefitState | None:
+        """Take the lock: the running state, or ``None`` when a refit is running already."""
+        state = RefitState(state="running", by=by, started_at=int(time.time()))
+        taken = await self._redis.set(intents_refit_key(category, tenant), msgspec.json.encode(state),
+                                      nx=True, ex=REFIT_LOCK_S)
+        return state if taken else None
+
+    async def finish(self, category: str, tenant: str, started: RefitState, *, failed: bool, said: str) -> None:
+        state = msgspec.structs.replace(started, state="failed" if failed else "done", said=said,
+                                        finished_at=int(time.time()))
+        await self._redis.set(intents_refit_key(category, tenant), msgspec.json.encode(state), ex=REFIT_KEPT_S)
+
+    async def get(self, category: str, tenant: str) -> RefitState | None:
+        raw = await self._redis.get(intents_refit_key(category, tenant))
+        try:
+            return msgspec.json.decode(raw, type=RefitState) if raw else None
+        except msgspec.DecodeError:
+            return None
 
 
 class IntentHeads:

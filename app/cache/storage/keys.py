@@ -36,6 +36,9 @@ Redis key layout (every name readable with ``redis-cli``)::
                                            and bias (float32 bytes); strata:meta:intents-generation counts changes
     strata:meta:intents-file:<category>:<tenant>
                                    STRING  the labelled phrasings it was fitted on (JSON), for `strata intents refit`
+    strata:meta:intents-refit:<category>:<tenant>
+                                   STRING  the console's last refit (JSON: state running|done|failed, who, when,
+                                           what the load said); while running, it is the lock (TTL 15 minutes)
     strata:console:ended:<session id>
                                    STRING  a console session signed out: refused until it would have
                                            expired anyway (its TTL), so the table never outgrows the sessions
@@ -437,6 +440,11 @@ def canonicalize(
 def intents_file_key(category: str, tenant: str) -> str:
     """The labelled phrasings a tenant's head was fitted on (JSON), kept for ``strata intents refit``."""
     return f"{NAMESPACE}:meta:intents-file:{category}:{tenant}"
+
+
+def intents_refit_key(category: str, tenant: str) -> str:
+    """The console's last refit of a tenant's head (JSON), and its lock while it runs."""
+    return f"{NAMESPACE}:meta:intents-refit:{category}:{tenant}"
 
 
 def intents_key(category: str, tenant: str) -> str:
