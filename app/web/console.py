@@ -672,7 +672,8 @@ class ConsoleController(Controller):
             rows.append({"meta": m, "status": status, "explored": measured[1], "explored_wrong": measured[0],
                          "hits": resources.recent.latest(tenant=m.tenant, category=m.category, verdict=INTENT_MATCH,
                                                          count=RECENT_HITS), "refit": refit})
-        return _page("intents.html", session, resources, heads=rows, tenant=shown or "")
+        return _page("intents.html", session, resources, heads=rows, tenant=shown or "",
+                     message=_message(request, session, resources))
 
     @post("/intents/refit")
     async def intents_refit(self, request: Request[Any, Any, Any], resources: Resources) -> Template | Redirect:

@@ -492,6 +492,9 @@ def test_an_operator_naming_another_tenant_is_refused_and_its_empty_invalidate_f
     other = page.context.request.post(strata + "/console/curated/save", form={
         "csrf": csrf, "tenant": "globex", "category": "console", "question": "q", "answer": "a"})
     assert other.status == 403
+    refit = page.context.request.post(strata + "/console/intents/refit", form={
+        "csrf": csrf, "tenant": "globex", "category": "console"})
+    assert refit.status == 403
 
 
 def test_the_intents_page_shows_a_teams_head_its_rule_and_its_twins(
