@@ -72,8 +72,11 @@ $(CALIBRATE_STAMP): $(STAMP)
 # docs/OPERATIONS.md says why llama.cpp); requests name it `qwen2.5-coder-1.5b-instruct`.
 MODEL ?=
 QWEN_UPSTREAM = STRATA_JUDGE_PORT=$(VLLM_PORT) STRATA_JUDGE_DIR=$(RUN)/qwen PYTHON=$(PY) readers/judge.sh
-# With it, the grey zone's judge (issue #33) is the same server, unless STRATA_JUDGE_URL names another.
-QWEN_STRATA_ENV = STRATA_JUDGE_URL=$${STRATA_JUDGE_URL:-http://127.0.0.1:$(VLLM_PORT)/v1}
+# With it, no reader of the grey zone unless STRATA_JUDGE_URL names one: llama.cpp answers one
+# sequence at a time, so a judge on the answering server queued reads beside answers and made
+# misses slower than the model alone (issue #46: mean 1.41x, P99 1.64x of direct; with the judge
+# unreachable 0.89x / 1.08x). A judge of its own: STRATA_JUDGE_URL=http://HOST:PORT/v1.
+QWEN_STRATA_ENV = $(if $(STRATA_JUDGE_URL),STRATA_JUDGE_URL=$(STRATA_JUDGE_URL))
 # Extra environment of the Strata process (VAR=value ...).
 STRATA_ENV ?=
 # The console's admin token (made 0600 by the first `make up`; `strata admin-token rotate` replaces
@@ -203,7 +206,7 @@ load: deps
 # `make up` stack), same open-loop schedule; writes docs/REPLAY.md and its latency CDF.
 # With MODEL=qwen1.5b (issue #34): 150 requests at 0.2/s (llama.cpp answers one at a time, ~4 s
 # each), the short and timestamp arms 10 each (a full prefill takes ~25 s), and the curated FAQ of
-# `strata replay faq` loaded before the strata arm; the judge is the same server.
+# `strata replay faq` loaded before the strata arm; no judge (QWEN_STRATA_ENV).
 QWEN_REPLAY_ARGS = --requests 150 --rate 0.2 --side-requests 10 --faq $(RUN)/replay/clinc-faq3.yaml
 REPLAY_ARGS ?= $(if $(filter qwen1.5b,$(MODEL)),$(QWEN_REPLAY_ARGS))
 bench-replay: calibrate-deps
