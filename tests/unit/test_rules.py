@@ -10,6 +10,7 @@ from app.cache.decision.rules import (
     EntryRecord,
     Guards,
     IntentMatch,
+    IntentVeto,
     OutsideBound,
     Pool,
     ReaderRule,
@@ -29,9 +30,9 @@ def kinds(policy: AdaptiveSemantic, reader: object = None) -> list[type]:
 
 def test_a_categorys_rules_come_from_its_policy_in_one_order() -> None:
     bare = AdaptiveSemantic(error_bound=0.01)
-    assert kinds(bare) == [Guards, DocumentVeto, CuratedWording, IntentMatch, Pool, OutsideBound]
+    assert kinds(bare) == [Guards, DocumentVeto, CuratedWording, IntentVeto, IntentMatch, Pool, OutsideBound]
     recorded = AdaptiveSemantic(error_bound=0.01, entry_confirmations=5, reader="serve")
-    assert kinds(recorded, OracleReader({})) == [Guards, DocumentVeto, CuratedWording, IntentMatch, Pool, EntryRecord,
+    assert kinds(recorded, OracleReader({})) == [Guards, DocumentVeto, CuratedWording, IntentVeto, IntentMatch, Pool, EntryRecord,
                                                  ReaderRule, OutsideBound]
     # A reader configured but off in the policy is not in the list.
     assert ReaderRule not in kinds(AdaptiveSemantic(error_bound=0.01, reader="off"), OracleReader({}))

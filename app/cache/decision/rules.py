@@ -38,6 +38,7 @@ from app.cache.decision.verify import (
     ABOVE_BAND,
     CURATED_WORDING,
     ENTRY_RECORD,
+    INTENT_DIFFERS,
     INTENT_MATCH,
     OUTSIDE_BOUND,
     READER_ACCEPTED,
@@ -220,6 +221,35 @@ class CuratedWording(Rule):
         return refuse(WRONG_BEFORE) if await self._entry_veto.vetoed(facts) else serve(CURATED_WORDING)
 
 
+# Where a head certified nothing, its readings still set a row aside from this confidence on
+# (refusing costs reach, never a wrong hit).
+VETO_CONFIDENCE = 0.99
+
+
+class IntentVeto(Rule):
+    """The team's head reads the asked question and the cached one as two different intents, each
+    at its calibrated confidence (at most :data:`VETO_CONFIDENCE`): the row is set aside whatever
+    the rules after it would say (the twins the entry record and the pool serve wrongly), and the
+    next row is considered."""
+
+    name = "intent veto"
+    reasons = (INTENT_DIFFERS,)
+    reads = "the head's reading of the asked question; the document's `intent`, `intent_confidence`"
+    counts = "`strata_semantic_verifications_total{decision=reject}`; nothing learnt"
+
+    async def __call__(self, facts: Facts) -> Ruling | None:
+        guess = facts.asked_intent
+        if guess is None:
+            return None
+        sure = min(guess.threshold, VETO_CONFIDENCE)
+        cached = as_text(facts.row.fields.get(FIELD_INTENT))
+        if guess.confidence < sure or not cached or cached == guess.intent:
+            return None
+        if float(as_text(facts.row.fields.get(FIELD_INTENT_CONFIDENCE)) or 0.0) < sure:
+            return None
+        return Ruling(verdict=Verdict(False, INTENT_DIFFERS), next_row=True)
+
+
 class IntentMatch(Rule):
     """The team's intents (issue #46): the asked question and the cached one are both given one
     shared intent at the calibrated confidence, and the tenant's explored intent hits do not
@@ -352,8 +382,8 @@ def rules_for(policy: AdaptiveSemantic, check: CandidateCheck, redis: Redis, rea
               on_read: Callable[[str, str], None]) -> tuple[Rule, ...]:
     """The ordered rules of an adaptive category: the one place the list is built."""
     entry_veto = EntryVeto(redis)
-    rules: list[Rule] = [Guards(check), DocumentVeto(), CuratedWording(entry_veto), IntentMatch(entry_veto),
-                         Pool(check, entry_veto)]
+    rules: list[Rule] = [Guards(check), DocumentVeto(), CuratedWording(entry_veto), IntentVeto(),
+                         IntentMatch(entry_veto), Pool(check, entry_veto)]
     if policy.entry_confirmations > 0:
         rules.append(EntryRecord(redis))
     if reader is not None and policy.reader != "off":
@@ -387,8 +417,8 @@ class Explore(Described):
         return ruling.verdict.reason == READER_REJECTED and self._draw() < policy.explore
 
 
-RULE_ORDER: tuple[type[Described], ...] = (Guards, DocumentVeto, CuratedWording, IntentMatch, Pool, EntryRecord,
-                                           ReaderRule, OutsideBound, Explore)
+RULE_ORDER: tuple[type[Described], ...] = (Guards, DocumentVeto, CuratedWording, IntentVeto, IntentMatch, Pool,
+                                           EntryRecord, ReaderRule, OutsideBound, Explore)
 
 
 def rule_table() -> str:

@@ -69,6 +69,8 @@ READER_REJECTED = "reader_rejected"
 CURATED_WORDING = "curated_wording"
 # Both questions given one of the team's intents at its calibrated confidence (issue #46).
 INTENT_MATCH = "intent_match"
+# The team's head reads the two questions as two different intents, both confidently.
+INTENT_DIFFERS = "intent_differs"
 
 _TOKEN = re.compile(r"[a-z0-9]+(?:'[a-z]+)?|[\u3400-\u9fff]")
 _NUMBER = re.compile(r"\d+(?:\.\d+)?|[零一二两三四五六七八九十百千万亿]+(?=[个元块号日月年天次期笔张位岁%])")
