@@ -64,6 +64,12 @@ def test_a_team_file_is_loaded_calibrated_served_and_replaced_only_by_a_good_one
     assert health and health[0]["status"] == "serving" and health[0]["intents"] == 4, health
     # A question of one intent is cached; another wording of it is served as an intent match.
     assert ask(strata, "i want a refund for my order", headers=INTENTS).headers["x-cache"] == "miss"
+    # Another intent's question close to it: the head reads the two as different intents and sets
+    # the row aside before any other rule looks at it.
+    assert ask(strata, "i want a bill for my purchase", headers=INTENTS).headers["x-cache"] == "miss"
+    assert ask(strata, "money back for my purchase", headers=INTENTS).headers["x-cache"] == "miss"
+    vetoed = 'strata_semantic_verifications_total{decision="reject",reason="intent_differs"}'
+    assert vetoed in httpx.get(strata + "/metrics").text
     served = ask(strata, "can you refund my order", headers=INTENTS)
     assert served.headers["x-cache"] == "semantic-hit" and served.headers["x-cache-verdict"] == "intent_match", \
         dict(served.headers)
