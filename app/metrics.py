@@ -117,6 +117,12 @@ class Metrics:
             "strata_upstream_prefix_cache", "The model server's prefix cache: queried and hit prompt tokens, hit ratio",
             ["value"], registry=r, multiprocess_mode="mostrecent",
         )
+        self.intent_heads = Gauge(
+            "strata_intent_heads",
+            "A team's intents per tenant and category: 1 on its status at the last /metrics read "
+            "(serving, serves_nothing, suspended, refused), 0 on the others",
+            ["tenant", "category", "status"], registry=r, multiprocess_mode="mostrecent",
+        )
         self.dependency_up = Gauge(
             "strata_dependency_up", "Whether Redis and the model server answered at the last /metrics or /health read",
             ["dependency"], registry=r, multiprocess_mode="mostrecent",

@@ -18,6 +18,9 @@ from app.metrics import CONTENT_TYPE
 from app.policy import AdaptiveSemantic
 from app.upstream_metrics import PrefixCache
 
+# What /health says of a team's intents (and /metrics, one series each).
+INTENT_STATUSES = ("serving", "serves_nothing", "suspended", "refused")
+
 
 class HealthController(Controller):
     @get("/health")
@@ -168,6 +171,11 @@ class HealthController(Controller):
         await self._prefix_cache(resources)
         if redis["status"] == "ok" and resources.cache.semantic is not None:
             await self._live_precision(resources)
+            heads, _ = await self._intents(resources)
+            for head in heads:
+                for status in INTENT_STATUSES:
+                    resources.metrics.intent_heads.labels(head["tenant"], head["category"], status).set(
+                        int(head["status"] == status))
         return Response(content=resources.metrics.render(), media_type=CONTENT_TYPE)
 
     @staticmethod

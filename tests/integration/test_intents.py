@@ -62,6 +62,9 @@ def test_a_team_file_is_loaded_calibrated_served_and_replaced_only_by_a_good_one
     # The running Strata picks it up by itself within seconds, and says so on /health.
     health = eventually(lambda: [h for h in intents_on_health(strata) if h["category"] == "learn_intents"], timeout=15)
     assert health and health[0]["status"] == "serving" and health[0]["intents"] == 4, health
+    metrics = httpx.get(strata + "/metrics").text
+    assert 'strata_intent_heads{category="learn_intents",status="serving",tenant="default"} 1.0' in metrics
+    assert 'strata_intent_heads{category="learn_intents",status="suspended",tenant="default"} 0.0' in metrics
     # A question of one intent is cached; another wording of it is served as an intent match.
     assert ask(strata, "i want a refund for my order", headers=INTENTS).headers["x-cache"] == "miss"
     # Another intent's question close to it: the head reads the two as different intents and sets
