@@ -1,0 +1,112 @@
+"""Which embedder should a team's intent head read with (issue #46)? USE (the deployment's
+default) against EmbeddingGemma-300M (`make reader-model`), offline, on the same team files and
+streams as ``python -m bench.intents``.
+
+    python -m bench.intent_embedders [--teams bank clinc] [--seeds 0 1]
+
+For each embedder: the head fitted on the team's train split and calibrated as ``strata intents
+load`` does (app/cache/learning/intents.py: held-out folds, a tenth of the intents unknown, the
+guards replayed, two fixed sequences at 95%), then the intent rule alone replayed on the test
+stream: a question not asked before is served when it and one of its 8 nearest earlier questions
+(at the floor or above, past the guards) are read as one intent at the threshold; wrong when that
+question's label differs or the asker is out of scope. Captured: right ones over what a perfect
+cache serves semantically. Only the rule: the other rules and the cache's aliases are not in it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from app.cache.decision.verify import load_verifier
+from app.cache.learning.intents import calibrate, fit_softmax, predict
+from app.embed import Encoder, load_encoder
+from app.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+REPLAY = ROOT / ".run" / "replay"
+GEMMA = ROOT / ".run" / "models" / "embeddinggemma-300m"
+FLOOR = 0.60  # the shipped faq's floor
+NEAREST = 8
+
+
+def embed(encoder: Encoder, texts: list[str]) -> np.ndarray:
+    return np.concatenate([encoder.encode(texts[i:i + 64]) for i in range(0, len(texts), 64)])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--teams", nargs="+", default=["bank", "clinc"])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    args = parser.parse_args(argv)
+    if not GEMMA.exists():
+        print("bench: EmbeddingGemma is not assembled (make reader-model)", file=sys.stderr)
+        return 2
+    verifier = load_verifier(Settings.from_env())
+    encoders = {"USE multilingual v3": load_encoder("use-multilingual"),
+                "EmbeddingGemma-300M": load_encoder("sentence-transformers", str(GEMMA))}
+    print("| team's data | embedder | held-out accuracy | threshold | held-out served (wrong) | stream seed | "
+          "intent hits (wrong) | captured | embedding s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for team in args.teams:
+        rows = list(csv.DictReader((REPLAY / f"{team}-train.csv").open(encoding="utf-8-sig")))
+        texts = [r["text"] for r in rows]
+        names = list(dict.fromkeys(r["intent"] for r in rows))
+        labels = np.array([names.index(r["intent"]) for r in rows])
+        for label, encoder in encoders.items():
+            started = time.monotonic()
+            vectors = embed(encoder, texts)
+            spent = time.monotonic() - started
+            calibration = calibrate(vectors, labels, len(names), 0.01, FLOOR,
+                                    refused=lambda a, b, said=texts: verifier.guard(said[a], said[b]) is not None)
+            weights, bias = fit_softmax(vectors, labels, len(names))
+            for seed in args.seeds:
+                stream = [json.loads(line) for line in (REPLAY / f"{team}-test3000-s{seed}.jsonl").read_text().splitlines()]
+                asked = [r["text"] for r in stream]
+                truth = [r["label"] for r in stream]
+                started = time.monotonic()
+                x = embed(encoder, asked)
+                spent_stream = time.monotonic() - started
+                read, sure = predict(weights, bias, x)
+                seen_texts: set[str] = set()
+                seen_labels: set[str] = set()
+                fresh, perfect = [], 0
+                for i, (text, tag) in enumerate(zip(asked, truth, strict=True)):
+                    if text in seen_texts:
+                        continue
+                    fresh.append(i)
+                    perfect += tag in seen_labels and not tag.startswith("oos:")
+                    seen_texts.add(text)
+                    seen_labels.add(tag)
+                order = np.array(fresh)
+                served = wrong = right = 0
+                t = calibration.threshold
+                for i in order:
+                    earlier = order[order < i]
+                    if sure[i] < t or not len(earlier):
+                        continue
+                    similarity = x[earlier] @ x[i]
+                    nearest = earlier[np.argsort(-similarity)[:NEAREST]]
+                    match = [j for j in nearest if x[j] @ x[i] >= FLOOR and verifier.guard(asked[i], asked[j]) is None
+                             and read[j] == read[i] and sure[j] >= t]
+                    if not match:
+                        continue
+                    served += 1
+                    if truth[match[0]] != truth[i] or truth[i].startswith("oos:"):
+                        wrong += 1
+                    else:
+                        right += 1
+                print(f"| {team} train ({len(texts):,}) | {label} | {calibration.accuracy:.1%} | {t:.3f} | "
+                      f"{calibration.served_share:.1%} ({calibration.held_out_wrong:.2%}) | {seed} | {served} ({wrong}) | "
+                      f"{right / max(1, perfect):.2f} | {spent:.0f} + {spent_stream:.0f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
