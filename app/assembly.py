@@ -28,7 +28,7 @@ from app.cache.learning.observations import ObservationWriter
 from app.cache.learning.receipts import ResponseIds, parse_secrets
 from app.cache.learning.review import ReviewQueue
 from app.cache.readers.base import Reader, Unanimous
-from app.cache.readers.embedder import EmbedderReader, vector_source
+from app.cache.readers.embedder import INTENT_PROMPTS, EmbedderReader, vector_source
 from app.cache.readers.judge import LLMJudge
 from app.cache.readers.queue import ReadQueue
 from app.cache.routed import RoutedCache, RoutedInvalidator
@@ -38,7 +38,7 @@ from app.cache.storage.contract import CacheLayer
 from app.cache.storage.embeddings import CachedEmbeddings, EmbeddingsCache
 from app.cache.storage.exact import ExactCache
 from app.cache.storage.index import adopt_embedder, index_dims
-from app.cache.storage.intents import IntentHeads, IntentStore
+from app.cache.storage.intents import HeadReader, IntentHeads, IntentStore
 from app.cache.storage.invalidation import AuditLog, CacheInvalidator, Invalidator
 from app.cache.storage.recent import RecentHits
 from app.cache.storage.version import ScopeGenerations, VersionTag
@@ -69,6 +69,8 @@ class SemanticParts:
         judge: The LLM judge of categories that ask for one; ``None`` in tools that never judge.
         reader: The grey zone's reader (app/cache/readers); ``None``: none configured.
         reads: Its reads after the response, shared by every bucket of the worker.
+        head_reader: What the teams' intent heads read (the index's vectors unless
+            ``STRATA_INTENT_EMBEDDER`` names a second embedder); ``None``: the index's.
     """
 
     embedder: BatchingEmbedder
@@ -77,6 +79,11 @@ class SemanticParts:
     judge: LLMJudge | None = None
     reader: Reader | None = None
     reads: ReadQueue | None = None
+    head_reader: HeadReader | None = None
+
+    def heads_read(self) -> HeadReader:
+        """The heads' reader (the index's own vectors when none was configured)."""
+        return self.head_reader or HeadReader(None, f"{self.embedder.name}:{self.embedder.dims}")
 
     def close(self) -> None:
         self.embedder.close()
@@ -186,7 +193,18 @@ def semantic_parts(settings: Settings, encoder: Encoder, metrics: Metrics, upstr
                           on_read=lambda name, verdict: metrics.reader_verdicts.labels(name, "after", verdict).inc(),
                           on_pending=metrics.judge_pending.set)
     return SemanticParts(embedder, verifier, CandidateCheck(verifier, confirm=judge, on_verdict=metrics.verdict), judge,
-                         reader, reads)
+                         reader, reads, configured_head_reader(options))
+
+
+def configured_head_reader(options: SemanticSettings) -> HeadReader | None:
+    """``STRATA_INTENT_EMBEDDER``: a second embedder the teams' intent heads read (a
+    sentence-transformers folder with its classification prompt, or an embeddings URL); ``None``
+    (unset): they read the index's vectors."""
+    if not options.intent_embedder:
+        return None
+    source = vector_source(options.intent_embedder, options.intent_embedder_threads, options.judge_timeout_s,
+                           options.judge_api_key, options.intent_embedder_model, prompts=INTENT_PROMPTS)
+    return HeadReader(source, source.fingerprint)
 
 
 def response_ids(settings: Settings) -> ResponseIds:
@@ -211,7 +229,7 @@ def assemble(settings: Settings, policy: Policy, buckets: Buckets, metrics: Metr
     options = settings.semantic
     audit = AuditLog(buckets.shared) if buckets.shared is not None else None
     # The teams' intent heads (issue #46): one copy per worker, shared by every bucket.
-    intents = IntentHeads(IntentStore(buckets.shared), f"{parts.embedder.name}:{parts.embedder.dims}") \
+    intents = IntentHeads(IntentStore(buckets.shared), parts.heads_read()) \
         if parts is not None and buckets.shared is not None else None
     each = []
     for bucket in buckets.all:

@@ -24,7 +24,7 @@ from redisvl.query import FilterQuery
 from redisvl.query.filter import Tag
 
 from app.cache.learning.intents import CHAIN_STARTS, calibrate, fewest_to_show, fit_softmax, risk_level
-from app.cache.storage.intents import HeadMeta, IntentHead, IntentStore
+from app.cache.storage.intents import HeadMeta, HeadReader, IntentHead, IntentStore
 from app.cache.storage.keys import (
     FIELD_CATEGORY,
     FIELD_EMBEDDING,
@@ -34,6 +34,8 @@ from app.cache.storage.keys import (
     FIELD_ROOT,
     FIELD_SOURCE,
     FIELD_TENANT,
+    OBS_INTENT_OK,
+    OBS_INTENT_WRONG,
     SOURCE_FAQ,
     as_text,
     intents_file_key,
@@ -192,9 +194,11 @@ async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *,
     own = {item.intent for item in items}
     every = items + [i for i in await curated_intents(cache, tag, tenant, category) if i.intent not in own]
     embedder = cache.each[0].semantic.embedder
+    reader = heads_reader(cache)
     texts = [normalize_text(t) for item in every for t in item.phrasings]
     labels = np.array([n for n, item in enumerate(every) for _ in item.phrasings])
     vectors = await embed_in_slices(embedder, texts)
+    read = await reader.vectors(texts, vectors)  # what the head reads (the index's vectors by default)
     delta = risk_level(semantic_policy.confidence)
     check = cache.each[0].semantic.check
 
@@ -202,9 +206,9 @@ async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *,
         return check.guard(texts[asker], texts[cached]) is not None
 
     calibration = await asyncio.to_thread(
-        calibrate, vectors, labels, len(every), semantic_policy.error_bound, semantic_policy.threshold,
-        delta=delta, seed=seed, refused=refused)
-    weights, bias = await asyncio.to_thread(fit_softmax, vectors, labels, len(every), seed=seed)
+        calibrate, read, labels, len(every), semantic_policy.error_bound, semantic_policy.threshold,
+        delta=delta, seed=seed, refused=refused, near=vectors)
+    weights, bias = await asyncio.to_thread(fit_softmax, read, labels, len(every), seed=seed)
     if calibration.threshold > 1:
         rule = (f"serves nothing: the held-out folds do not show {semantic_policy.error_bound:.1%} wrong at "
                 f"{1 - delta:.0%} (at least {fewest_to_show(semantic_policy.error_bound, delta, len(CHAIN_STARTS))} "
@@ -214,13 +218,14 @@ async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *,
                 f"{semantic_policy.error_bound:.1%} at {1 - delta:.0%} on held-out folds simulated as streams")
     meta = HeadMeta(name=name, tenant=tenant, category=category, intents=[i.intent for i in every],
                     shared=[i.shared for i in every], threshold=calibration.threshold,
-                    fingerprint=f"{embedder.name}:{embedder.dims}", phrasings=len(texts),
+                    fingerprint=reader.fingerprint, phrasings=len(texts),
                     accuracy=calibration.accuracy, served_share=calibration.served_share,
                     held_out_wrong=calibration.held_out_wrong, error_bound=semantic_policy.error_bound, rule=rule,
                     loaded_at=int(time.time()),
                     confused=[(every[a].intent, every[b].intent, n) for a, b, n in calibration.confused])
     head = IntentHead(meta, weights, bias)
     await IntentStore(cache.shared).save(head)
+    await forget_intent_record(cache, tag, tenant, category)
     await cache.shared.set(intents_file_key(category, tenant), msgspec.json.encode(items))
     answers = [FaqItem(category=category, question=item.phrasings[0], variants=item.phrasings[1:], answer=item.answer,
                        tenant=tenant, intent=item.intent) for item in items if item.answer is not None]
@@ -268,7 +273,8 @@ async def refit_intents(cache: object, policy: Policy, *, tenant: str, category:
             pairs.append((normalize_text(str(fields.get("asked", ""))), normalize_text(str(fields.get("cached", "")))))
     unknown = sorted({cached for _, cached in pairs if cached not in owner})
     if unknown and cache.each and cache.each[0].semantic is not None:
-        readings = head.predict(await embed_in_slices(cache.each[0].semantic.embedder, unknown))
+        index_vectors = await embed_in_slices(cache.each[0].semantic.embedder, unknown)
+        readings = head.predict(await heads_reader(cache).vectors(unknown, index_vectors))
         for text, index, sure in zip(unknown, *readings, strict=True):
             if sure >= head.meta.threshold:
                 owner[text] = head.meta.intents[int(index)]
@@ -283,6 +289,37 @@ async def refit_intents(cache: object, policy: Policy, *, tenant: str, category:
     return Refit(approvals=sum(len(v) for v in added.values()), loaded=loaded)
 
 
+async def forget_intent_record(cache: object, tag: str, tenant: str, category: str) -> int:
+    """Start the rule's measured record again for a new calibration: the explored and marked
+    intent hits (``intent_ok:<bin>``, ``intent_wrong:<bin>`` of the tenant's pool) judged the
+    previous head, and kept, they would hold a suspension the new load lifts. The pairs users
+    marked wrong stay vetoed on their entries. Returns the fields removed."""
+    from app.assembly import CacheParts
+
+    assert isinstance(cache, CacheParts)
+    removed = 0
+    for bucket in cache.each:
+        redis, key = bucket.bucket.redis, bucket.bucket.keys.observations_key(tag, category, tenant)
+        fields = [f for f in map(as_text, await redis.hkeys(key))
+                  if f and f.startswith((f"{OBS_INTENT_OK}:", f"{OBS_INTENT_WRONG}:"))]
+        if fields:
+            removed += int(await redis.hdel(key, *fields))
+    return removed
+
+
+def heads_reader(cache: object) -> HeadReader:
+    """What the heads read in this deployment (the index's vectors, or the intent embedder's)."""
+    from app.assembly import CacheParts
+
+    assert isinstance(cache, CacheParts)
+    if cache.intents is not None:
+        return cache.intents.reader
+    embedder = cache.each[0].semantic.embedder if cache.each and cache.each[0].semantic is not None else None
+    if embedder is None:
+        raise IntentsFileError("intents need the semantic layer (STRATA_SEMANTIC_ENABLED)")
+    return HeadReader(None, f"{embedder.name}:{embedder.dims}")
+
+
 async def label_documents(cache: object, head: IntentHead, tag: str, page: int = 1_000) -> int:
     """Give every cached model answer of the head's tenant and category the intent the head reads
     in its question (the curated FAQ's documents: their entry's intent, at full confidence)."""
@@ -290,6 +327,7 @@ async def label_documents(cache: object, head: IntentHead, tag: str, page: int =
 
     assert isinstance(cache, CacheParts)
     meta, labelled = head.meta, 0
+    reader = heads_reader(cache)
     faq_intents = {n[len(FAQ_INTENT_PREFIX):] for n in meta.intents if n.startswith(FAQ_INTENT_PREFIX)}
     for bucket in cache.each:
         if bucket.semantic is None:
@@ -298,7 +336,7 @@ async def label_documents(cache: object, head: IntentHead, tag: str, page: int =
         offset = 0
         while True:
             query = FilterQuery((Tag(FIELD_TENANT) == meta.tenant) & (Tag(FIELD_CATEGORY) == meta.category),
-                                return_fields=[FIELD_SOURCE, FIELD_ROOT, FIELD_INTENT], num_results=page)
+                                return_fields=[FIELD_SOURCE, FIELD_ROOT, FIELD_INTENT, FIELD_QUESTION], num_results=page)
             query.paging(offset, page)
             rows = await index.query(query)
             redis = bucket.bucket.redis
@@ -312,7 +350,8 @@ async def label_documents(cache: object, head: IntentHead, tag: str, page: int =
             async with redis.pipeline(transaction=False) as pipe:
                 if model_rows:
                     vectors = np.stack([np.frombuffer(blob, dtype=np.float32) for _, blob in model_rows])
-                    predicted, confidence = head.predict(vectors)
+                    questions = [str(as_text(row.get(FIELD_QUESTION)) or "") for row, _ in model_rows]
+                    predicted, confidence = head.predict(await reader.vectors(questions, vectors))
                     for (row, _), i, sure in zip(model_rows, predicted, confidence, strict=True):
                         pipe.hset(row["id"], mapping={FIELD_INTENT: meta.intents[int(i)],
                                                       FIELD_INTENT_CONFIDENCE: round(float(sure), 4)})

@@ -106,6 +106,14 @@ class SemanticSettings(msgspec.Struct, frozen=True, kw_only=True):
     reader_embedder_model: str = field(default="", name="reader_embedder_model")
     reader_threshold: float = field(default=0.88, name="reader_threshold")
     reader_embedder_threads: int = field(default=1, name="reader_embedder_threads")
+    # What the teams' intent heads read (issue #46): empty, the index's own vectors; else a second
+    # embedder as `reader_embedder` takes it (EmbeddingGemma: `make reader-model`), with its
+    # classification prompt. Heads are fitted on it and a head of another is not served; the
+    # index, its KNN and its floor stay on `embedder`. It embeds each question of a category with
+    # a head loaded once more (about 27 ms with EmbeddingGemma on this CPU, docs/QUALITY.md).
+    intent_embedder: str = field(default="", name="intent_embedder")
+    intent_embedder_model: str = field(default="", name="intent_embedder_model")
+    intent_embedder_threads: int = field(default=1, name="intent_embedder_threads")
     # Reads after the response in flight per worker (a quarter of them per tenant at most).
     reader_max_pending: int = field(default=64, name="reader_max_pending")
     # How long a worker reuses an adaptive category's pooled observations before reading them again.

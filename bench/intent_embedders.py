@@ -4,13 +4,16 @@ streams as ``python -m bench.intents``.
 
     python -m bench.intent_embedders [--teams bank clinc] [--seeds 0 1]
 
-For each embedder: the head fitted on the team's train split and calibrated as ``strata intents
+Three arms: USE alone (the default); EmbeddingGemma alone (its own KNN too); and what
+``STRATA_INTENT_EMBEDDER`` serves: the head reads EmbeddingGemma's vectors while the index (its
+KNN and floor) stays on USE. For each: the head fitted on the team's train split and calibrated as ``strata intents
 load`` does (app/cache/learning/intents.py: held-out folds, a tenth of the intents unknown, the
 guards replayed, two fixed sequences at 95%), then the intent rule alone replayed on the test
 stream: a question not asked before is served when it and one of its 8 nearest earlier questions
-(at the floor or above, past the guards) are read as one intent at the threshold; wrong when that
+(by the index's vectors, at the floor or above, past the guards) are read as one intent at the threshold; wrong when that
 question's label differs or the asker is out of scope. Captured: right ones over what a perfect
 cache serves semantically. Only the rule: the other rules and the cache's aliases are not in it.
+Vectors are kept in ``.run/vectors`` (by embedder and file) so that a second run embeds nothing.
 """
 
 from __future__ import annotations
@@ -36,8 +39,19 @@ FLOOR = 0.60  # the shipped faq's floor
 NEAREST = 8
 
 
-def embed(encoder: Encoder, texts: list[str]) -> np.ndarray:
-    return np.concatenate([encoder.encode(texts[i:i + 64]) for i in range(0, len(texts), 64)])
+VECTORS = ROOT / ".run" / "vectors"
+
+
+def embed(encoder: Encoder, texts: list[str], saved: str) -> tuple[np.ndarray, float]:
+    """The texts' vectors (from ``.run/vectors`` when embedded before) and the seconds spent."""
+    path = VECTORS / f"{encoder.name.replace('/', '_').replace(':', '_')}-{saved}-{len(texts)}.npy"
+    if path.exists():
+        return np.load(path), 0.0
+    started = time.monotonic()
+    vectors = np.concatenate([encoder.encode(texts[i:i + 64]) for i in range(0, len(texts), 64)])
+    VECTORS.mkdir(parents=True, exist_ok=True)
+    np.save(path, vectors)
+    return vectors, time.monotonic() - started
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,8 +63,10 @@ def main(argv: list[str] | None = None) -> int:
         print("bench: EmbeddingGemma is not assembled (make reader-model)", file=sys.stderr)
         return 2
     verifier = load_verifier(Settings.from_env())
-    encoders = {"USE multilingual v3": load_encoder("use-multilingual"),
-                "EmbeddingGemma-300M": load_encoder("sentence-transformers", str(GEMMA))}
+    use, gemma = load_encoder("use-multilingual"), load_encoder("sentence-transformers", str(GEMMA))
+    # (the head's embedder, the index's): the index's vectors find the neighbours and the floor.
+    arms = {"USE multilingual v3": (use, use), "EmbeddingGemma-300M": (gemma, gemma),
+            "EmbeddingGemma head, USE index": (gemma, use)}
     print("| team's data | embedder | held-out accuracy | threshold | held-out served (wrong) | stream seed | "
           "intent hits (wrong) | captured | embedding s |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -59,20 +75,18 @@ def main(argv: list[str] | None = None) -> int:
         texts = [r["text"] for r in rows]
         names = list(dict.fromkeys(r["intent"] for r in rows))
         labels = np.array([names.index(r["intent"]) for r in rows])
-        for label, encoder in encoders.items():
-            started = time.monotonic()
-            vectors = embed(encoder, texts)
-            spent = time.monotonic() - started
-            calibration = calibrate(vectors, labels, len(names), 0.01, FLOOR,
+        for label, (encoder, index) in arms.items():
+            vectors, spent = embed(encoder, texts, f"{team}-train")
+            near_train = vectors if index is encoder else embed(index, texts, f"{team}-train")[0]
+            calibration = calibrate(vectors, labels, len(names), 0.01, FLOOR, near=near_train,
                                     refused=lambda a, b, said=texts: verifier.guard(said[a], said[b]) is not None)
             weights, bias = fit_softmax(vectors, labels, len(names))
             for seed in args.seeds:
                 stream = [json.loads(line) for line in (REPLAY / f"{team}-test3000-s{seed}.jsonl").read_text().splitlines()]
                 asked = [r["text"] for r in stream]
                 truth = [r["label"] for r in stream]
-                started = time.monotonic()
-                x = embed(encoder, asked)
-                spent_stream = time.monotonic() - started
+                x, spent_stream = embed(encoder, asked, f"{team}-s{seed}")
+                near = x if index is encoder else embed(index, asked, f"{team}-s{seed}")[0]
                 read, sure = predict(weights, bias, x)
                 seen_texts: set[str] = set()
                 seen_labels: set[str] = set()
@@ -91,9 +105,9 @@ def main(argv: list[str] | None = None) -> int:
                     earlier = order[order < i]
                     if sure[i] < t or not len(earlier):
                         continue
-                    similarity = x[earlier] @ x[i]
+                    similarity = near[earlier] @ near[i]
                     nearest = earlier[np.argsort(-similarity)[:NEAREST]]
-                    match = [j for j in nearest if x[j] @ x[i] >= FLOOR and verifier.guard(asked[i], asked[j]) is None
+                    match = [j for j in nearest if near[j] @ near[i] >= FLOOR and verifier.guard(asked[i], asked[j]) is None
                              and read[j] == read[i] and sure[j] >= t]
                     if not match:
                         continue

@@ -23,7 +23,7 @@ from app.cache.readers.base import Reader
 from app.cache.storage.contract import CacheHit, CacheQuery, Candidate, EmbeddingFailed, Nearest, Verdict
 from app.cache.storage.entry import CacheEntry, EntryWriter
 from app.cache.storage.index import CANDIDATES, SemanticIndex, calls_tools
-from app.cache.storage.intents import IntentHeads
+from app.cache.storage.intents import IntentGuess, IntentHead, IntentHeads
 from app.cache.storage.keys import FIELD_QUESTION, FIELD_WRONG_ABOVE, KEYS, Keyspace
 from app.cache.storage.usage import HitCounts
 from app.embed import Embedder
@@ -130,7 +130,8 @@ class SemanticCache:
         if policy.adaptive:
             head = self.intents.get(query.canonical.tenant, query.category.name) if self.intents is not None else None
             rows = await self.store_index.candidates(query, vector, ADAPTIVE_CANDIDATES)
-            decided = await self.adaptive.decide(query, question, rows, head.guess(vector) if head is not None else None)
+            guess = await self.read_intent(head, question, vector, query.canonical.tenant)
+            decided = await self.adaptive.decide(query, question, rows, guess)
             if isinstance(decided, Serve):
                 return self._hit(decided.row, decided.reason, decided.score_bin)
             return decided
@@ -147,6 +148,22 @@ class SemanticCache:
             if verdict.accepted:
                 return self._hit(row, verdict.reason, score_bin(row.similarity))
         return None
+
+    async def read_intent(self, head: IntentHead | None, question: str, vector: np.ndarray,
+                          tenant: str) -> IntentGuess | None:
+        """What the tenant's head reads in the question: on the index's ``vector``, or on the
+        intent embedder's vector of the question when one is configured.
+
+        Raises:
+            EmbeddingFailed: The intent embedder failed; a cache failure, as the index's would be.
+        """
+        if head is None or self.intents is None:
+            return None
+        try:
+            read = await self.intents.reader.vector(question, vector, tenant)
+        except Exception as exc:  # any model failure becomes a cache failure, never a 500
+            raise EmbeddingFailed(f"intent embedder {self.intents.fingerprint}: {exc!r}") from exc
+        return head.guess(read)
 
     def _hit(self, row: Nearest, reason: str, bin_: int) -> CacheHit:
         self.hits.add(row.key)  # added in a batch every second: no round trip per hit
@@ -166,7 +183,7 @@ class SemanticCache:
         # The tenant's intent head, if it has one here, reads the question now: the intent rule
         # then needs no model at lookup beyond the asked question.
         head = self.intents.get(canonical.tenant, query.category.name) if self.intents is not None else None
-        guess = head.guess(vector) if head is not None else None
+        guess = await self.read_intent(head, canonical.question, vector, canonical.tenant)
         entry = CacheEntry.for_query(
             query, completion, scope=query.scope_digest, embedding=vector.astype(np.float32).tobytes(), root=key,
             intent=guess.intent if guess is not None else None,

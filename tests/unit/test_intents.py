@@ -79,3 +79,15 @@ def test_two_sequences_share_the_risk_and_the_guards_are_replayed() -> None:
     assert calibrate(many, labels, 10, 0.05, 0.0, delta=0.05).threshold <= 1
     # Guards that set every cached phrasing aside leave the rule nothing to serve in the folds.
     assert calibrate(many, labels, 10, 0.05, 0.0, delta=0.05, refused=lambda asker, cached: True).threshold > 1
+
+
+def test_the_folds_find_neighbours_with_the_index_vectors_when_the_head_reads_another_embedder() -> None:
+    many, labels = clusters(150, 10, 0.2, seed=1)
+    # The head reads `many`; the index's vectors put no two phrasings in the band (orthogonal
+    # rows): the KNN the folds replay finds nothing, so the rule serves nothing.
+    apart = np.eye(len(labels), 64 * 32, dtype=np.float32)[:, : len(labels)]
+    assert calibrate(many, labels, 10, 0.05, 0.5, delta=0.05).threshold <= 1
+    assert calibrate(many, labels, 10, 0.05, 0.5, delta=0.05, near=apart).threshold > 1
+    # The same index vectors as the head's: what it certified without `near`.
+    alone = calibrate(many, labels, 10, 0.05, 0.5, delta=0.05)
+    assert calibrate(many, labels, 10, 0.05, 0.5, delta=0.05, near=many).threshold == alone.threshold

@@ -160,11 +160,14 @@ Refused = Callable[[int, int], bool]
 
 def held_out_folds(vectors: np.ndarray, labels: np.ndarray, classes: int, floor: float, *, folds: int = FOLDS,
                    unknown_share: float = UNKNOWN_SHARE, seed: int = 0, epochs: int = EPOCHS,
-                   refused: Refused | None = None) -> list[Fold]:
+                   refused: Refused | None = None, near: np.ndarray | None = None) -> list[Fold]:
     """Each fold's phrasings predicted by a head fitted without them (and without a tenth of the
     intents, whose phrasings stand for unknown questions), with their nearest neighbours in the
     fold at ``floor`` or above, as the cache's KNN would find them; a neighbour the guards refuse
-    (``refused``) is set aside as the rules set it aside before the intent rule."""
+    (``refused``) is set aside as the rules set it aside before the intent rule. ``near``: the
+    index's vectors of the phrasings when the head reads with another embedder (the KNN and its
+    floor are the index's), else ``vectors``."""
+    near = vectors if near is None else near
     rng = np.random.default_rng(seed)
     fold_of = np.empty(len(labels), dtype=int)
     for label in range(classes):
@@ -181,7 +184,7 @@ def held_out_folds(vectors: np.ndarray, labels: np.ndarray, classes: int, floor:
         train, test = (fold_of != fold) & ~is_hidden, fold_of == fold
         weights, bias = fit_softmax(vectors[train], labels[train], classes, epochs=epochs, seed=seed)
         predicted, sure = predict(weights, bias, vectors[test])
-        similarity = vectors[test] @ vectors[test].T
+        similarity = near[test] @ near[test].T
         np.fill_diagonal(similarity, -1.0)
         nearest = np.argsort(-similarity, axis=1)[:, :NEIGHBOURS]
         nearest = np.where(np.take_along_axis(similarity, nearest, axis=1) >= floor, nearest, -1)
@@ -216,9 +219,11 @@ def _trial(held: list[Fold], tau: float) -> tuple[float, np.ndarray, np.ndarray]
 
 def calibrate(vectors: np.ndarray, labels: np.ndarray, classes: int, error_bound: float, floor: float, *,
               delta: float = DELTA, seed: int = 0, folds: int = FOLDS, epochs: int = EPOCHS,
-              refused: Refused | None = None) -> Calibration:
-    """The threshold of the intent rule under ``error_bound`` (the module's procedure)."""
-    held = held_out_folds(vectors, labels, classes, floor, folds=folds, seed=seed, epochs=epochs, refused=refused)
+              refused: Refused | None = None, near: np.ndarray | None = None) -> Calibration:
+    """The threshold of the intent rule under ``error_bound`` (the module's procedure); ``near``
+    as in :func:`held_out_folds`."""
+    held = held_out_folds(vectors, labels, classes, floor, folds=folds, seed=seed, epochs=epochs, refused=refused,
+                          near=near)
     confidence = np.concatenate([f.confidence for f in held])
     unknown = np.concatenate([f.unknown for f in held])
     right = np.concatenate([(f.predicted == f.labels) & ~f.unknown for f in held])

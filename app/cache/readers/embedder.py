@@ -32,12 +32,18 @@ logger = logging.getLogger("strata.readers")
 # The prompt names sentence-transformers models use for symmetric similarity, first found wins
 # (EmbeddingGemma: "task: sentence similarity | query: ").
 SIMILARITY_PROMPTS = ("STS", "PairClassification", "query")
+# What an intent head reads (STRATA_INTENT_EMBEDDER): the model's classification prompt if it has
+# one (EmbeddingGemma: "task: classification | query: "), else none.
+INTENT_PROMPTS = ("Classification",)
 
 
 class VectorSource(Protocol):
     """Texts in, L2-normalised float32 rows out, without blocking the event loop."""
 
     name: str
+    # ``name:dims`` where the dimension is known before a call, else the name: what a head fitted
+    # on these vectors records.
+    fingerprint: str
 
     async def vectors(self, texts: Sequence[str]) -> np.ndarray: ...
 
@@ -58,7 +64,7 @@ class LocalModelVectors:
         threads: torch threads it may use.
     """
 
-    def __init__(self, path: str, threads: int = 2) -> None:
+    def __init__(self, path: str, threads: int = 2, prompts: Sequence[str] = SIMILARITY_PROMPTS) -> None:
         import torch
         from sentence_transformers import SentenceTransformer
 
@@ -67,10 +73,12 @@ class LocalModelVectors:
         if not folder.is_dir():
             raise FileNotFoundError(f"no model folder at {path} (make reader-model assembles EmbeddingGemma there)")
         self._model = SentenceTransformer(str(folder), device="cpu", local_files_only=True)
-        prompts = getattr(self._model, "prompts", {}) or {}
-        self._prompt = next((name for name in SIMILARITY_PROMPTS if name in prompts), None)
+        known = getattr(self._model, "prompts", {}) or {}
+        self._prompt = next((name for name in prompts if name in known), None)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="strata-reader-embed")
         self.name = f"embedder:{folder.name}"
+        dimension = getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
+        self.fingerprint = f"{self.name}:{self._prompt or 'no-prompt'}:{dimension()}"
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         """Synchronous encoding (the replay's tools and the thread below)."""
@@ -100,6 +108,7 @@ class EndpointVectors:
         self._model = model
         self._resolving = asyncio.Lock()
         self.name = f"embedder:{model or url}"
+        self.fingerprint = self.name
 
     async def _model_name(self) -> str:
         async with self._resolving:
@@ -115,12 +124,14 @@ class EndpointVectors:
         await self._client.close()
 
 
-def vector_source(spec: str, threads: int = 2, timeout_s: float = 5.0, api_key: str = "", model: str = "") -> VectorSource:
-    """``STRATA_READER_EMBEDDER``: an ``http(s)://`` URL is an embeddings endpoint, anything else
-    a sentence-transformers folder."""
+def vector_source(spec: str, threads: int = 2, timeout_s: float = 5.0, api_key: str = "", model: str = "",
+                  prompts: Sequence[str] = SIMILARITY_PROMPTS) -> VectorSource:
+    """``STRATA_READER_EMBEDDER`` (or ``STRATA_INTENT_EMBEDDER``): an ``http(s)://`` URL is an
+    embeddings endpoint, anything else a sentence-transformers folder (its first prompt of
+    ``prompts`` that it names)."""
     if spec.startswith(("http://", "https://")):
         return EndpointVectors(spec, model, timeout_s, api_key)
-    return LocalModelVectors(spec, threads)
+    return LocalModelVectors(spec, threads, prompts)
 
 
 class EmbedderReader:

@@ -4,7 +4,8 @@ worker's copy.
 ``strata intents load`` fits a linear softmax head over the team's labelled phrasings and
 calibrates the confidence it serves at (app/cache/learning/intents.py); it is kept in Redis per
 category and tenant as plain arrays and JSON (``strata:meta:intents:<category>:<tenant>``: fields
-``meta``, ``weights``, ``bias``), tied to the embedder's fingerprint. Every load and removal bumps
+``meta``, ``weights``, ``bias``), tied to the fingerprint of the embedder it reads (the index's,
+or ``STRATA_INTENT_EMBEDDER``'s: :class:`HeadReader`). Every load and removal bumps
 ``strata:meta:intents-generation``; each worker checks it every :data:`REFRESH_S` seconds and
 reloads, so every worker and instance serves with a new load within seconds.
 """
@@ -14,7 +15,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 import msgspec
 import numpy as np
@@ -219,17 +222,73 @@ class IntentRefits:
             return None
 
 
+class Vectors(Protocol):
+    """Texts in, unit-length float32 rows out, off the event loop (app/cache/readers/embedder.py)."""
+
+    name: str
+
+    async def vectors(self, texts: Sequence[str]) -> np.ndarray: ...
+
+
+class HeadReader:
+    """The vectors the intent heads read (``STRATA_INTENT_EMBEDDER``): the index's own (the
+    default: nothing more to compute), or a second embedder's, whose vectors the heads are then
+    fitted, calibrated and served on while the index, its KNN and its floor stay on the first
+    (EmbeddingGemma's head served 0.64 of a perfect cache on the bank where USE's served 0.19,
+    docs/QUALITY.md). A question's second vector is kept in memory by text, so the store after a
+    miss embeds nothing again (kept per tenant, as the index's vectors are: a shared memo would
+    tell one tenant, by its speed, what another asks).
+
+    Args:
+        source: The second embedder; ``None``: the heads read the index's vectors.
+        fingerprint: What a head must have been fitted on to be served here.
+        remembered: Questions whose second vector is kept.
+    """
+
+    def __init__(self, source: Vectors | None, fingerprint: str, remembered: int = 4096) -> None:
+        self.source = source
+        self.fingerprint = fingerprint
+        self._remembered = remembered
+        self._kept: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
+
+    async def vector(self, text: str, index_vector: np.ndarray, tenant: str = "") -> np.ndarray:
+        """What a head reads in one question (``index_vector``: the index's vector of it)."""
+        if self.source is None:
+            return index_vector
+        key = (tenant, text)
+        kept = self._kept.get(key)
+        if kept is not None:
+            self._kept.move_to_end(key)
+            return kept
+        row: np.ndarray = (await self.source.vectors([text]))[0]
+        self._kept[key] = row
+        if len(self._kept) > self._remembered:
+            self._kept.popitem(last=False)
+        return row
+
+    async def vectors(self, texts: Sequence[str], index_vectors: np.ndarray, slice_size: int = 64) -> np.ndarray:
+        """What the heads read in many texts (a load's phrasings, the cached questions), in slices."""
+        if self.source is None:
+            return index_vectors
+        if not texts:
+            return np.zeros((0, 0), dtype=np.float32)
+        rows = [await self.source.vectors(texts[i:i + slice_size]) for i in range(0, len(texts), slice_size)]
+        return np.concatenate(rows).astype(np.float32)
+
+
 class IntentHeads:
     """This worker's copy of every head, refreshed when the generation moves.
 
     Args:
         store: Where the heads are kept.
-        fingerprint: This deployment's embedder (``name:dims``): a head of another is not served.
+        reader: What the heads read; its fingerprint (``name:dims``) is what a head must have been
+            fitted on to be served here.
     """
 
-    def __init__(self, store: IntentStore, fingerprint: str) -> None:
+    def __init__(self, store: IntentStore, reader: HeadReader) -> None:
         self._store = store
-        self.fingerprint = fingerprint
+        self.reader = reader
+        self.fingerprint = reader.fingerprint
         self._heads: dict[tuple[str, str], IntentHead] = {}
         self._refused: dict[tuple[str, str], str] = {}
         self._generation = -1
@@ -256,7 +315,7 @@ class IntentHeads:
         for head in await self._store.all():
             where = (head.meta.tenant, head.meta.category)
             if head.meta.fingerprint != self.fingerprint:
-                refused[where] = f"fitted on {head.meta.fingerprint}, this deployment embeds with {self.fingerprint}"
+                refused[where] = f"fitted on {head.meta.fingerprint}, this deployment's heads read {self.fingerprint}"
                 continue
             heads[where] = head
         self._heads, self._refused, self._generation = heads, refused, generation
