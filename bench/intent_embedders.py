@@ -29,6 +29,7 @@ import numpy as np
 
 from app.cache.decision.verify import load_verifier
 from app.cache.learning.intents import calibrate, fit_softmax, predict
+from app.cache.readers.embedder import INTENT_PROMPTS, LocalModelVectors
 from app.embed import Encoder, load_encoder
 from app.settings import Settings
 
@@ -42,9 +43,10 @@ NEAREST = 8
 VECTORS = ROOT / ".run" / "vectors"
 
 
-def embed(encoder: Encoder, texts: list[str], saved: str) -> tuple[np.ndarray, float]:
+def embed(encoder: Encoder | LocalModelVectors, texts: list[str], saved: str) -> tuple[np.ndarray, float]:
     """The texts' vectors (from ``.run/vectors`` when embedded before) and the seconds spent."""
-    path = VECTORS / f"{encoder.name.replace('/', '_').replace(':', '_')}-{saved}-{len(texts)}.npy"
+    name = getattr(encoder, "fingerprint", encoder.name)
+    path = VECTORS / f"{name.replace('/', '_').replace(':', '_')}-{saved}-{len(texts)}.npy"
     if path.exists():
         return np.load(path), 0.0
     started = time.monotonic()
@@ -63,7 +65,9 @@ def main(argv: list[str] | None = None) -> int:
         print("bench: EmbeddingGemma is not assembled (make reader-model)", file=sys.stderr)
         return 2
     verifier = load_verifier(Settings.from_env())
-    use, gemma = load_encoder("use-multilingual"), load_encoder("sentence-transformers", str(GEMMA))
+    use = load_encoder("use-multilingual")
+    # EmbeddingGemma as STRATA_INTENT_EMBEDDER loads it: with its classification prompt.
+    gemma = LocalModelVectors(str(GEMMA), threads=2, prompts=INTENT_PROMPTS)
     # (the head's embedder, the index's): the index's vectors find the neighbours and the floor.
     arms = {"USE multilingual v3": (use, use), "EmbeddingGemma-300M": (gemma, gemma),
             "EmbeddingGemma head, USE index": (gemma, use)}
