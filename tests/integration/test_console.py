@@ -512,6 +512,8 @@ def test_the_intents_page_shows_a_teams_head_its_rule_and_its_twins(
     # Forty phrasings cannot show a 1% bound: the page says the rule serves nothing, and why.
     assert "4" in card.locator("td").first.inner_text() and "serves nothing" in text, text
     assert card.locator(".twins tr").count() >= 2
+    # What the head reads: the index's embedder here (no STRATA_INTENT_EMBEDDER).
+    assert card.locator("code.reads").inner_text().startswith("use-multilingual"), card.locator("code.reads").inner_text()
     # Refit from the page: it runs in the background, one at a time, and the page says what it did.
     with page.expect_navigation():
         card.locator("button.refit").click()
