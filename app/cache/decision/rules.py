@@ -53,6 +53,7 @@ from app.cache.storage.intents import IntentGuess
 from app.cache.storage.keys import (
     FIELD_INTENT,
     FIELD_INTENT_CONFIDENCE,
+    FIELD_INTENT_REFUTED,
     FIELD_QUESTION,
     FIELD_WRONG_ABOVE,
     SOURCE_MODEL,
@@ -202,6 +203,16 @@ class EntryVeto:
             return False
         return milli(facts.similarity) <= int(await self._redis.hget(facts.root, FIELD_WRONG_ABOVE) or -1)
 
+    async def vetoed_for_intent(self, facts: Facts) -> tuple[bool, bool]:
+        """(vetoed at this similarity, as :meth:`vetoed`; the intent rule's hits from this
+        document or its entry measured wrong, ``intent_refuted``): one round trip for an alias,
+        none for an entry."""
+        refuted = bool(as_text(facts.row.fields.get(FIELD_INTENT_REFUTED)))
+        if facts.is_entry:
+            return False, refuted
+        wrong_above, entry_refuted = await self._redis.hmget(facts.root, [FIELD_WRONG_ABOVE, FIELD_INTENT_REFUTED])
+        return milli(facts.similarity) <= int(wrong_above or -1), refuted or bool(entry_refuted)
+
 
 class CuratedWording(Rule):
     """A curated answer's own question or variant, up to case, spaces and punctuation: the
@@ -258,8 +269,10 @@ class IntentMatch(Rule):
 
     name = "intent match"
     reasons = (INTENT_MATCH, WRONG_BEFORE)
-    reads = "the head's reading of the asked question; the document's `intent`, `intent_confidence`; the pool's `intent_*:<bin>`"
-    counts = "`intent_ok:<bin>`/`intent_wrong:<bin>` when explored or marked wrong, never the pool's bins"
+    reads = ("the head's reading of the asked question; the document's `intent`, `intent_confidence`, `intent_refuted` "
+             "(and its entry's); the pool's `intent_*:<bin>`")
+    counts = ("`intent_ok:<bin>`/`intent_wrong:<bin>` when explored or marked wrong, never the pool's bins; a wrong "
+              "marks the document and its entry `intent_refuted`")
 
     def __init__(self, entry_veto: EntryVeto) -> None:
         self._entry_veto = entry_veto
@@ -275,7 +288,10 @@ class IntentMatch(Rule):
             return None
         if intent_refuted(await facts.counts(), facts.policy):
             return None
-        return refuse(WRONG_BEFORE) if await self._entry_veto.vetoed(facts) else serve(INTENT_MATCH, VOUCH_INTENT)
+        vetoed, refuted = await self._entry_veto.vetoed_for_intent(facts)
+        if refuted:
+            return None  # its answer was measured wrong for its intent: the rules after this one decide
+        return refuse(WRONG_BEFORE) if vetoed else serve(INTENT_MATCH, VOUCH_INTENT)
 
 
 def intent_refuted(counts: PooledCounts, policy: AdaptiveSemantic) -> bool:

@@ -28,11 +28,13 @@ import enum
 from redis.asyncio import Redis
 
 from app.cache.storage.keys import (
+    FIELD_INTENT_REFUTED,
     FIELD_WRONG_ABOVE,
     KEYS,
     OBS_CONFIRMED,
     OBS_EXPLORED_OK,
     OBS_EXPLORED_WRONG,
+    OBS_INTENT_WRONG,
     OBS_OK,
     OBS_WRONG,
     Keyspace,
@@ -78,7 +80,8 @@ def pool_fields(kind: Observation, *, same: bool, score_bin: int, explored: bool
 # confirmation field ("" for none), the similarity x1000 to veto at ("" for none: right), the
 # pools' TTL, then the pools' fields. Nothing is counted on a key that is gone (a miss must never
 # create a key without a TTL); a veto raises the highest wrong similarity of the document and of
-# its entry, so every alias of the entry is vetoed there.
+# its entry, so every alias of the entry is vetoed there; a wrong the intent rule served (an
+# `intent_wrong:` field among the pools') also marks both `intent_refuted`.
 _OBSERVE = f"""
 local function raise_wrong(key)
   if redis.call('EXISTS', key) == 0 then return end
@@ -89,6 +92,13 @@ if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HINCRBY', KEYS[1], ARGV[1
 if ARGV[3] ~= '' then
   raise_wrong(KEYS[1])
   raise_wrong(KEYS[3])
+  for i = 5, #ARGV do
+    if string.sub(ARGV[i], 1, {len(OBS_INTENT_WRONG) + 1}) == '{OBS_INTENT_WRONG}:' then
+      for _, key in ipairs({{KEYS[1], KEYS[3]}}) do
+        if redis.call('EXISTS', key) == 1 then redis.call('HSET', key, '{FIELD_INTENT_REFUTED}', 1) end
+      end
+    end
+  end
 elseif ARGV[2] ~= '' and redis.call('EXISTS', KEYS[3]) == 1 then
   redis.call('HINCRBY', KEYS[3], ARGV[2], 1)
 end

@@ -117,6 +117,10 @@ FIELD_WRONG_ABOVE = "wrong_above"
 # (or the team's own label, for a curated answer of an intent), and how sure the head was.
 FIELD_INTENT = "intent"
 FIELD_INTENT_CONFIDENCE = "intent_confidence"
+# Set (1) on a document and its entry when a hit the intent rule served from them was measured
+# wrong (explored, or a user's "wrong"): the answer is not its intent's, whatever the head reads
+# in the question, so the rule serves it no more (a load's relabelling keeps it).
+FIELD_INTENT_REFUTED = "intent_refuted"
 OBS_OK = "ok"
 OBS_WRONG = "wrong"
 # On an entry: equivalent observations of any of its documents per score bin (its own record).
