@@ -139,13 +139,17 @@ class IntentsLoaded(msgspec.Struct, frozen=True, kw_only=True):
     labelled: int
     answers: int
     seconds: float
+    # Of them, embedding the phrasings, and fitting and calibrating the head (the 2 minutes).
+    embedding_seconds: float = 0.0
+    fitting_seconds: float = 0.0
 
     def line(self) -> str:
         m = self.meta
         return (f"loaded {m.phrasings} phrasings of {len(m.intents)} intents as {m.name!r} for tenant {m.tenant!r} in "
                 f"{m.category!r}: cross-validated accuracy {m.accuracy:.1%}; rule: {m.rule}; it would serve "
                 f"{m.served_share:.1%} of the team's held-out phrasings ({m.held_out_wrong:.2%} of them wrong); "
-                f"{self.labelled} cached documents labelled, {self.answers} intent answers stored; {self.seconds:.0f} s")
+                f"{self.labelled} cached documents labelled, {self.answers} intent answers stored; {self.seconds:.0f} s "
+                f"({self.embedding_seconds:.0f} s embedding, {self.fitting_seconds:.0f} s fitting and calibrating)")
 
 
 async def curated_intents(cache: object, tag: str, tenant: str, category: str) -> list[IntentDef]:
@@ -199,6 +203,7 @@ async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *,
     labels = np.array([n for n, item in enumerate(every) for _ in item.phrasings])
     vectors = await embed_in_slices(embedder, texts)
     read = await reader.vectors(texts, vectors)  # what the head reads (the index's vectors by default)
+    embedded = time.monotonic()
     delta = risk_level(semantic_policy.confidence)
     check = cache.each[0].semantic.check
 
@@ -209,6 +214,7 @@ async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *,
         calibrate, read, labels, len(every), semantic_policy.error_bound, semantic_policy.threshold,
         delta=delta, seed=seed, refused=refused, near=vectors)
     weights, bias = await asyncio.to_thread(fit_softmax, read, labels, len(every), seed=seed)
+    fitted = time.monotonic()
     if calibration.threshold > 1:
         rule = (f"serves nothing: the held-out folds do not show {semantic_policy.error_bound:.1%} wrong at "
                 f"{1 - delta:.0%} (at least {fewest_to_show(semantic_policy.error_bound, delta, len(CHAIN_STARTS))} "
@@ -232,7 +238,8 @@ async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *,
     if answers:
         await load_faq_in_buckets(cache, answers, f"intents-{name}", policy)
     labelled = await label_documents(cache, head, tag)
-    return IntentsLoaded(meta=meta, labelled=labelled, answers=len(answers), seconds=time.monotonic() - started)
+    return IntentsLoaded(meta=meta, labelled=labelled, answers=len(answers), seconds=time.monotonic() - started,
+                         embedding_seconds=embedded - started, fitting_seconds=fitted - embedded)
 
 
 class Refit(msgspec.Struct, frozen=True, kw_only=True):

@@ -3,6 +3,7 @@ default) against EmbeddingGemma-300M (`make reader-model`), offline, on the same
 streams as ``python -m bench.intents``.
 
     python -m bench.intent_embedders [--teams bank clinc] [--seeds 0 1]
+    python -m bench.intent_embedders --cost     # what reading a question with EmbeddingGemma adds
 
 Three arms: USE alone (the default); EmbeddingGemma alone (its own KNN too); and what
 ``STRATA_INTENT_EMBEDDER`` serves: the head reads EmbeddingGemma's vectors while the index (its
@@ -56,14 +57,44 @@ def embed(encoder: Encoder | LocalModelVectors, texts: list[str], saved: str) ->
     return vectors, time.monotonic() - started
 
 
+def reading_cost(questions: int = 200) -> int:
+    """Milliseconds ``HeadReader.vector`` takes for a question not read before (what a lookup in a
+    category with a head waits for, beyond USE), EmbeddingGemma on 1 and 2 torch threads."""
+    import asyncio
+
+    from app.cache.storage.intents import HeadReader
+
+    stream = [json.loads(line)["text"] for line in (REPLAY / "bank-test3000-s0.jsonl").read_text().splitlines()]
+    asked = list(dict.fromkeys(stream))[:questions]
+    for threads in (1, 2):
+        reader = HeadReader(LocalModelVectors(str(GEMMA), threads=threads, prompts=INTENT_PROMPTS), "bench")
+
+        async def each(read: HeadReader = reader) -> list[float]:
+            spent = []
+            for text in asked:
+                started = time.perf_counter()
+                await read.vector(text, np.zeros(1, dtype=np.float32))
+                spent.append((time.perf_counter() - started) * 1000)
+            return spent
+
+        spent = asyncio.run(each())[10:]  # the first calls warm the model
+        print(f"EmbeddingGemma-300M, {threads} thread(s), {len(spent)} questions one at a time: "
+              f"p50 {np.percentile(spent, 50):.1f} ms, p90 {np.percentile(spent, 90):.1f} ms")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--teams", nargs="+", default=["bank", "clinc"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--cost", action="store_true",
+                        help="only time what the head's reading adds to a lookup: one question at a time, as served")
     args = parser.parse_args(argv)
     if not GEMMA.exists():
         print("bench: EmbeddingGemma is not assembled (make reader-model)", file=sys.stderr)
         return 2
+    if args.cost:
+        return reading_cost()
     verifier = load_verifier(Settings.from_env())
     use = load_encoder("use-multilingual")
     # EmbeddingGemma as STRATA_INTENT_EMBEDDER loads it: with its classification prompt.
