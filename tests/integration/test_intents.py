@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from tests.integration.test_learning import pool_key
-from tests.support import FakeUpstream, ask, eventually, run_cli, serve_strata, strata_settings
+from tests.support import FakeUpstream, ask, eventually, keyspace, run_cli, serve_strata, strata_settings
 
 INTENTS = {"X-Cache-Category": "learn_intents"}
 TEAM = {
@@ -82,7 +82,8 @@ def test_a_team_file_is_loaded_calibrated_served_and_replaced_only_by_a_good_one
     pool = redis_sync.hgetall(pool_key(redis_sync, "learn_intents"))
     assert any(k.startswith(b"intent_wrong:") for k in pool), pool
     # ... and marks the entry whose answer it was: the intent rule serves it no more, a load keeps that.
-    refuted = [k for k in redis_sync.scan_iter("strata:v*:sem:*") if redis_sync.hget(k, "intent_refuted") == b"1"]
+    prefix = keyspace(redis_sync, "default", "learn_intents").semantic_prefix("v1")
+    refuted = [k for k in redis_sync.scan_iter(match=prefix + "*") if redis_sync.hget(k, "intent_refuted") == b"1"]
     assert refuted and {redis_sync.hget(k, "question") for k in refuted} == {b"i want a refund for my order"}, refuted
     # One wrong of one measured refutes the calibration at 0.4: suspended until the next load.
     assert eventually(lambda: [h for h in intents_on_health(strata) if h["category"] == "learn_intents"
