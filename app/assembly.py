@@ -28,7 +28,13 @@ from app.cache.learning.observations import ObservationWriter
 from app.cache.learning.receipts import ResponseIds, parse_secrets
 from app.cache.learning.review import ReviewQueue
 from app.cache.readers.base import Reader, Unanimous
-from app.cache.readers.embedder import INTENT_PROMPTS, EmbedderReader, vector_source
+from app.cache.readers.embedder import (
+    INTENT_PROMPTS,
+    BatchedVectors,
+    EmbedderReader,
+    LocalModelVectors,
+    vector_source,
+)
 from app.cache.readers.judge import LLMJudge
 from app.cache.readers.queue import ReadQueue
 from app.cache.routed import RoutedCache, RoutedInvalidator
@@ -204,6 +210,8 @@ def configured_head_reader(options: SemanticSettings) -> HeadReader | None:
         return None
     source = vector_source(options.intent_embedder, options.intent_embedder_threads, options.judge_timeout_s,
                            options.judge_api_key, options.intent_embedder_model, prompts=INTENT_PROMPTS)
+    if isinstance(source, LocalModelVectors):  # every question of the category is read: batch them
+        source = BatchedVectors(source, max_pending=options.embed_max_pending)
     return HeadReader(source, source.fingerprint)
 
 

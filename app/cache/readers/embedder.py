@@ -26,6 +26,7 @@ import numpy as np
 import openai
 
 from app.cache.readers.base import ReadPair, first_model
+from app.embed import BatchingEmbedder
 
 logger = logging.getLogger("strata.readers")
 
@@ -78,7 +79,8 @@ class LocalModelVectors:
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="strata-reader-embed")
         self.name = f"embedder:{folder.name}"
         dimension = getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
-        self.fingerprint = f"{self.name}:{self._prompt or 'no-prompt'}:{dimension()}"
+        self.dims = int(dimension() or 0)
+        self.fingerprint = f"{self.name}:{self._prompt or 'no-prompt'}:{self.dims}"
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         """Synchronous encoding (the replay's tools and the thread below)."""
@@ -122,6 +124,29 @@ class EndpointVectors:
 
     async def close(self) -> None:
         await self._client.close()
+
+
+class BatchedVectors:
+    """A local model behind Strata's batching queue (app/embed.py): concurrent callers' texts go
+    to the model together, on its one worker thread, so a category whose every question is read
+    twice (an intent head's second embedder) is not served one question at a time.
+
+    Args:
+        model: The local model.
+        max_batch: Texts one batch takes.
+        max_pending: Texts waiting before a read fails at once (a cache failure: a miss).
+    """
+
+    def __init__(self, model: LocalModelVectors, max_batch: int = 32, max_pending: int = 512) -> None:
+        self._queue = BatchingEmbedder(model, max_batch=max_batch, max_pending=max_pending)
+        self.name = model.name
+        self.fingerprint = model.fingerprint
+
+    async def vectors(self, texts: Sequence[str]) -> np.ndarray:
+        return await self._queue.embed(texts)
+
+    async def close(self) -> None:
+        self._queue.close()
 
 
 def vector_source(spec: str, threads: int = 2, timeout_s: float = 5.0, api_key: str = "", model: str = "",
