@@ -203,6 +203,9 @@ async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *,
     labels = np.array([n for n, item in enumerate(every) for _ in item.phrasings])
     vectors = await embed_in_slices(embedder, texts)
     read = await reader.vectors(texts, vectors)  # what the head reads (the index's vectors by default)
+    # A head on a second embedder also looks beyond the index's band (its neighbourhoods are not
+    # the index's); on the index's own vectors the band is its neighbourhood (docs/QUALITY.md).
+    beyond_band = reader.source is not None
     embedded = time.monotonic()
     delta = risk_level(semantic_policy.confidence)
     check = cache.each[0].semantic.check
@@ -212,7 +215,7 @@ async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *,
 
     calibration = await asyncio.to_thread(
         calibrate, read, labels, len(every), semantic_policy.error_bound, semantic_policy.threshold,
-        delta=delta, seed=seed, refused=refused, near=vectors)
+        delta=delta, seed=seed, refused=refused, near=vectors, beyond_band=beyond_band)
     weights, bias = await asyncio.to_thread(fit_softmax, read, labels, len(every), seed=seed)
     fitted = time.monotonic()
     if calibration.threshold > 1:
@@ -220,15 +223,17 @@ async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *,
                 f"{1 - delta:.0%} (at least {fewest_to_show(semantic_policy.error_bound, delta, len(CHAIN_STARTS))} "
                 f"clean held-out hits are needed to show it)")
     else:
-        rule = (f"both questions of one intent at confidence >= {calibration.threshold:.3f}: wrong share <= "
-                f"{semantic_policy.error_bound:.1%} at {1 - delta:.0%} on held-out folds simulated as streams")
+        rule = (f"both questions of one intent at confidence >= {calibration.threshold:.3f}"
+                f"{' (the nearest cached ones of that intent beyond the band too)' if beyond_band else ''}: "
+                f"wrong share <= {semantic_policy.error_bound:.1%} at {1 - delta:.0%} on held-out folds simulated as streams")
     meta = HeadMeta(name=name, tenant=tenant, category=category, intents=[i.intent for i in every],
                     shared=[i.shared for i in every], threshold=calibration.threshold,
                     fingerprint=reader.fingerprint, phrasings=len(texts),
                     accuracy=calibration.accuracy, served_share=calibration.served_share,
                     held_out_wrong=calibration.held_out_wrong, error_bound=semantic_policy.error_bound, rule=rule,
                     loaded_at=int(time.time()),
-                    confused=[(every[a].intent, every[b].intent, n) for a, b, n in calibration.confused])
+                    confused=[(every[a].intent, every[b].intent, n) for a, b, n in calibration.confused],
+                    beyond_band=beyond_band)
     head = IntentHead(meta, weights, bias)
     await IntentStore(cache.shared).save(head)
     await forget_intent_record(cache, tag, tenant, category)

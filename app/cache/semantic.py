@@ -19,12 +19,13 @@ from app.cache.decision.adaptive import AdaptiveDecision, Serve
 from app.cache.decision.candidates import answer_bytes, check_row, root_of, source_of
 from app.cache.decision.stats import PooledObservations, milli, score_bin
 from app.cache.decision.verify import WRONG_BEFORE, CandidateCheck, ThresholdVerifier
+from app.cache.learning.intents import OF_INTENT
 from app.cache.readers.base import Reader
 from app.cache.storage.contract import CacheHit, CacheQuery, Candidate, EmbeddingFailed, Nearest, Verdict
 from app.cache.storage.entry import CacheEntry, EntryWriter
 from app.cache.storage.index import CANDIDATES, SemanticIndex, calls_tools
 from app.cache.storage.intents import IntentGuess, IntentHead, IntentHeads
-from app.cache.storage.keys import FIELD_QUESTION, FIELD_WRONG_ABOVE, KEYS, Keyspace
+from app.cache.storage.keys import FIELD_INTENT, FIELD_QUESTION, FIELD_WRONG_ABOVE, KEYS, Keyspace, as_text
 from app.cache.storage.usage import HitCounts
 from app.embed import Embedder
 from app.policy import SemanticPolicy
@@ -131,7 +132,12 @@ class SemanticCache:
             head = self.intents.get(query.canonical.tenant, query.category.name) if self.intents is not None else None
             rows = await self.store_index.candidates(query, vector, ADAPTIVE_CANDIDATES)
             guess = await self.read_intent(head, question, vector, query.canonical.tenant)
-            decided = await self.adaptive.decide(query, question, rows, guess)
+            beyond: list[Nearest] = []
+            if guess is not None and guess.confident and guess.shared and guess.beyond_band and not any(
+                    row.similarity >= policy.threshold and as_text(row.fields.get(FIELD_INTENT)) == guess.intent
+                    for row in rows):
+                beyond = await self.store_index.candidates_of_intent(query, vector, guess.intent, OF_INTENT)
+            decided = await self.adaptive.decide(query, question, rows, guess, beyond_band=beyond)
             if isinstance(decided, Serve):
                 return self._hit(decided.row, decided.reason, decided.score_bin)
             return decided

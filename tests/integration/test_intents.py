@@ -147,4 +147,11 @@ def test_heads_read_the_intent_embedder_when_one_is_configured_and_a_head_of_ano
         served = ask(server.url, "please help me reset my password", headers=asked)
         assert served.headers.get("x-cache-verdict") == "intent_match", (dict(served.headers), loaded.stdout)
         assert ask(server.url, "has my parcel shipped yet", headers=asked).headers["x-cache"] == "miss"
+        # A head on a second embedder also looks beyond the index's band: the nearest cached
+        # question it read as the asked intent, below the category's floor (0.5) for USE.
+        assert "beyond the band" in loaded.stdout
+        assert ask(server.url, "my parcel never came", headers=asked).headers["x-cache"] == "miss"
+        beyond = ask(server.url, "the box did not show up", headers=asked)
+        assert beyond.headers.get("x-cache-verdict") == "intent_match", dict(beyond.headers)
+        assert float(beyond.headers["x-cache-similarity"]) < 0.5, dict(beyond.headers)
     assert run_cli("intents", "remove", "--category", "learn_intents", env=env).returncode == 0

@@ -7,7 +7,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.cache.learning.intents import binomial_tail, calibrate, fewest_to_show, fit_softmax, predict
+from app.cache.learning.intents import (
+    Fold,
+    binomial_tail,
+    calibrate,
+    fewest_to_show,
+    fit_softmax,
+    held_out_folds,
+    predict,
+    rule_outcomes,
+)
 from app.cache.storage.intents import HeadMeta, IntentHead
 from app.intents import IntentsFileError, read_intents
 
@@ -84,10 +93,23 @@ def test_two_sequences_share_the_risk_and_the_guards_are_replayed() -> None:
 def test_the_folds_find_neighbours_with_the_index_vectors_when_the_head_reads_another_embedder() -> None:
     many, labels = clusters(150, 10, 0.2, seed=1)
     # The head reads `many`; the index's vectors put no two phrasings in the band (orthogonal
-    # rows): the KNN the folds replay finds nothing, so the rule serves nothing.
+    # rows): the folds' band is empty, and only the rows read as the asker's intent remain.
     apart = np.eye(len(labels), 64 * 32, dtype=np.float32)[:, : len(labels)]
-    assert calibrate(many, labels, 10, 0.05, 0.5, delta=0.05).threshold <= 1
-    assert calibrate(many, labels, 10, 0.05, 0.5, delta=0.05, near=apart).threshold > 1
-    # The same index vectors as the head's: what it certified without `near`.
+    folds = held_out_folds(many, labels, 10, 0.5, near=apart)
+    assert all((f.neighbours < 0).all() for f in folds)
+    assert all((f.of_intent >= 0).any(axis=1).all() for f in folds)
+    # The same index vectors as the head's: the band is found, and the threshold is what it was.
     alone = calibrate(many, labels, 10, 0.05, 0.5, delta=0.05)
     assert calibrate(many, labels, 10, 0.05, 0.5, delta=0.05, near=many).threshold == alone.threshold
+
+
+def test_the_intent_rule_looks_beyond_the_band_only_at_rows_read_as_the_asked_intent() -> None:
+    # Three askers: 0 and 1 of intent 0, 2 of intent 1 (unknown to the head).
+    fold = Fold(labels=np.array([0, 0, 1]), predicted=np.array([0, 0, 0]), confidence=np.array([0.99, 0.99, 0.99]),
+                unknown=np.array([False, False, True]), neighbours=np.full((3, 8), -1),
+                of_intent=np.array([[1, -1, -1, -1], [0, 2, -1, -1], [0, 1, -1, -1]]))
+    served, wrong = rule_outcomes(fold, 0.95, beyond_band=True)
+    assert served.tolist() == [True, True, True] and wrong.tolist() == [False, False, True]
+    # Below the threshold the rows of the intent serve nothing; nor do they for a rule kept to the band.
+    assert not rule_outcomes(fold, 0.999, beyond_band=True)[0].any()
+    assert not rule_outcomes(fold, 0.95)[0].any()

@@ -12,13 +12,22 @@ observations give the category's live precision (:meth:`AdaptiveDecision.precisi
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import msgspec
 from redis.asyncio import Redis
 
 from app.cache.decision.candidates import answer_bytes, check_row, neighbours_of, root_of, source_of
-from app.cache.decision.rules import Explore, Facts, Rule, Ruling, rules_for
+from app.cache.decision.rules import (
+    DocumentVeto,
+    Explore,
+    Facts,
+    Guards,
+    IntentMatch,
+    Rule,
+    Ruling,
+    rules_for,
+)
 from app.cache.decision.stats import (
     PooledCounts,
     PooledObservations,
@@ -36,6 +45,9 @@ from app.cache.storage.intents import IntentGuess
 from app.cache.storage.keys import FIELD_INTENT, KEYS, SOURCE_MODEL, VOUCH_READER, VOUCH_RECORD, Keyspace, as_text
 from app.policy import AdaptiveSemantic
 
+# The rules that rule on a row below the band read as the asked intent (the intent rule beyond
+# the band, a head on a second embedder): the guards, the document's veto, the intent rule.
+BEYOND_BAND_RULES = (Guards, DocumentVeto, IntentMatch)
 
 class Serve(msgspec.Struct, frozen=True, kw_only=True):
     """A candidate the decision serves.
@@ -85,7 +97,8 @@ class AdaptiveDecision:
         return rules
 
     async def decide(self, query: CacheQuery, question: str, rows: Sequence[Nearest],
-                     asked_intent: IntentGuess | None = None) -> Serve | Candidate | None:
+                     asked_intent: IntentGuess | None = None,
+                     beyond_band: Sequence[Nearest] = ()) -> Serve | Candidate | None:
         """Rule on the nearest row of the band no guard sets aside.
 
         Args:
@@ -95,6 +108,9 @@ class AdaptiveDecision:
             asked_intent: What the tenant's intent head read in the question: when it is sure,
                 the rows of its intent are considered first (the nearest row of another intent
                 does not hide them).
+            beyond_band: The nearest rows read as the asked intent below the band, when the band
+                has none (a head on a second embedder): only the guards, the document's veto and
+                the intent rule rule on them, before the band.
 
         Returns:
             The candidate to serve; or one to learn from once the model has answered (not
@@ -109,6 +125,10 @@ class AdaptiveDecision:
         async def pool() -> PooledCounts:
             return await self.pooled.counts(query.version, query.category.name, query.canonical.tenant)
 
+        for row in beyond_band:
+            decided = await self._beyond_band(query, question, row, rows, asked_intent, pool)
+            if decided is not None:
+                return decided
         if asked_intent is not None and asked_intent.confident:
             band = [row for row in rows if row.similarity >= policy.threshold]
             rows = sorted(band, key=lambda row: as_text(row.fields.get(FIELD_INTENT)) != asked_intent.intent)
@@ -127,6 +147,30 @@ class AdaptiveDecision:
                 continue
             self._check.count(ruling.verdict)
             return self._outcome(facts, ruling, rows, policy)
+        return None
+
+    async def _beyond_band(self, query: CacheQuery, question: str, row: Nearest, rows: Sequence[Nearest],
+                           asked_intent: IntentGuess | None, pool: Callable[[], Awaitable[PooledCounts]]
+                           ) -> Serve | Candidate | None:
+        """A row below the band, read as the asked intent: served (or explored) only when the
+        intent rule serves it past the guards and the document's veto; else ``None``."""
+        policy = query.category.semantic
+        assert isinstance(policy, AdaptiveSemantic)
+        check_row(row)
+        root = root_of(row)
+        score = decision_score(row.similarity, None, policy.threshold)
+        facts = Facts(query=query, question=question, row=row, root=root, score=score, score_bin=score_bin(score),
+                      pool=pool, asked_intent=asked_intent)
+        for rule in self.rules(policy):
+            if not isinstance(rule, BEYOND_BAND_RULES):
+                continue
+            ruling = await rule(facts)
+            if ruling is None:
+                continue
+            if not ruling.verdict.accepted:
+                return None
+            self._check.count(ruling.verdict)
+            return self._outcome(facts, ruling, [row, *rows], policy)
         return None
 
     async def _rule(self, facts: Facts) -> Ruling:

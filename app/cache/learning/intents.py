@@ -151,9 +151,14 @@ class Fold(msgspec.Struct, frozen=True, kw_only=True):
     confidence: np.ndarray
     unknown: np.ndarray
     neighbours: np.ndarray  # (n, NEIGHBOURS): the nearest other phrasings, most similar first; -1: none in the band
+    # (n, OF_INTENT): the nearest other phrasings read as the asker's intent, at any similarity (-1: none)
+    of_intent: np.ndarray
 
 
 NEIGHBOURS = 8
+# Rows the intent rule looks at beyond the band when the band has none of the asked intent: the
+# nearest cached questions the head read as that intent (a KNN filtered by intent).
+OF_INTENT = 4
 # Whether the guards set a pair aside (the phrasings' indices: the asker's, the cached one's).
 Refused = Callable[[int, int], bool]
 
@@ -188,40 +193,56 @@ def held_out_folds(vectors: np.ndarray, labels: np.ndarray, classes: int, floor:
         np.fill_diagonal(similarity, -1.0)
         nearest = np.argsort(-similarity, axis=1)[:, :NEIGHBOURS]
         nearest = np.where(np.take_along_axis(similarity, nearest, axis=1) >= floor, nearest, -1)
+        same = np.where(predicted[None, :] == predicted[:, None], similarity, -np.inf)
+        np.fill_diagonal(same, -np.inf)
+        of_intent = np.argsort(-same, axis=1)[:, :OF_INTENT]
+        of_intent = np.where(np.isfinite(np.take_along_axis(same, of_intent, axis=1)), of_intent, -1)
         if refused is not None:
             members = np.flatnonzero(test)
-            for row, column in zip(*np.nonzero(nearest >= 0), strict=True):
-                if refused(int(members[row]), int(members[nearest[row, column]])):
-                    nearest[row, column] = -1
+            for found in (nearest, of_intent):
+                for row, column in zip(*np.nonzero(found >= 0), strict=True):
+                    if refused(int(members[row]), int(members[found[row, column]])):
+                        found[row, column] = -1
         result.append(Fold(labels=labels[test], predicted=predicted, confidence=sure, unknown=is_hidden[test],
-                           neighbours=nearest))
+                           neighbours=nearest, of_intent=of_intent))
     return result
 
 
-def rule_outcomes(fold: Fold, threshold: float) -> tuple[np.ndarray, np.ndarray]:
-    """(served, wrong) per asking phrasing: served when it and one of its neighbours in the band
-    are given the same intent at ``threshold`` or above; wrong when that neighbour has another
-    label, or the asker's intent is unknown to the head (out of scope: always wrong)."""
-    candidates = fold.neighbours
+def _first_match(fold: Fold, candidates: np.ndarray, threshold: float) -> tuple[np.ndarray, np.ndarray]:
+    """(found, which) per asker: the first candidate read as the asker's intent at ``threshold``."""
     valid = candidates >= 0
     safe = np.where(valid, candidates, 0)
     matches = valid & (fold.predicted[safe] == fold.predicted[:, None]) & (fold.confidence[safe] >= threshold)
-    served = (fold.confidence >= threshold) & matches.any(axis=1)
-    first = safe[np.arange(len(safe)), matches.argmax(axis=1)]
+    return matches.any(axis=1), safe[np.arange(len(safe)), matches.argmax(axis=1)]
+
+
+def rule_outcomes(fold: Fold, threshold: float, beyond_band: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(served, wrong) per asking phrasing: served when it and one of its neighbours in the band
+    are given the same intent at ``threshold`` or above, else (none in the band) one of the
+    nearest phrasings read as its intent at any similarity, as the intent rule looks beyond the
+    band (``beyond_band``); wrong when that phrasing has another label, or the asker's intent is
+    unknown to the head (out of scope: always wrong)."""
+    in_band, band_first = _first_match(fold, fold.neighbours, threshold)
+    beyond, beyond_first = _first_match(fold, fold.of_intent, threshold)
+    beyond &= beyond_band
+    first = np.where(in_band, band_first, beyond_first)
+    served = (fold.confidence >= threshold) & (in_band | beyond)
     wrong = served & ((fold.labels[first] != fold.labels) | fold.unknown)
     return served, wrong
 
 
-def _trial(held: list[Fold], tau: float) -> tuple[float, np.ndarray, np.ndarray]:
-    outcomes = [rule_outcomes(f, tau) for f in held]
+def _trial(held: list[Fold], tau: float, beyond_band: bool) -> tuple[float, np.ndarray, np.ndarray]:
+    outcomes = [rule_outcomes(f, tau, beyond_band) for f in held]
     return tau, np.concatenate([o[0] for o in outcomes]), np.concatenate([o[1] for o in outcomes])
 
 
 def calibrate(vectors: np.ndarray, labels: np.ndarray, classes: int, error_bound: float, floor: float, *,
               delta: float = DELTA, seed: int = 0, folds: int = FOLDS, epochs: int = EPOCHS,
-              refused: Refused | None = None, near: np.ndarray | None = None) -> Calibration:
+              refused: Refused | None = None, near: np.ndarray | None = None,
+              beyond_band: bool = False) -> Calibration:
     """The threshold of the intent rule under ``error_bound`` (the module's procedure); ``near``
-    as in :func:`held_out_folds`."""
+    as in :func:`held_out_folds`; ``beyond_band``: the rule also looks at the nearest rows read
+    as the asked intent outside the band (a head on a second embedder)."""
     held = held_out_folds(vectors, labels, classes, floor, folds=folds, seed=seed, epochs=epochs, refused=refused,
                           near=near)
     confidence = np.concatenate([f.confidence for f in held])
@@ -231,7 +252,7 @@ def calibrate(vectors: np.ndarray, labels: np.ndarray, classes: int, error_bound
     served, wrong = np.zeros(0, dtype=bool), np.zeros(0, dtype=bool)
     each = delta / len(CHAIN_STARTS)
     enough = fewest_to_show(error_bound, each)
-    trials = {share: _trial(held, float(np.quantile(confidence, 1.0 - share))) for share in GRID_SHARES}
+    trials = {share: _trial(held, float(np.quantile(confidence, 1.0 - share)), beyond_band) for share in GRID_SHARES}
     for start in CHAIN_STARTS:
         begun = False
         for share in (s for s in GRID_SHARES if s >= start - 1e-9):

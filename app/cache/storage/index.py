@@ -130,6 +130,25 @@ class SemanticIndex:
         # RediSearch's cosine distance is 1 - cosine similarity.
         return [Nearest(row["id"], 1.0 - float(row[DISTANCE_FIELD]), row) for row in rows]
 
+    async def candidates_of_intent(self, query: CacheQuery, vector: np.ndarray, intent: str,
+                                   limit: int) -> list[Nearest]:
+        """The nearest cached questions in the query's scope that the tenant's head read as
+        ``intent``, at any similarity (the intent rule beyond the band). An index made before the
+        ``intent`` field existed has none: an empty list (a version bump makes the new index)."""
+        index = await self.index(query.version)
+        knn = VectorQuery(
+            vector=vector.astype(np.float32).tobytes(), vector_field_name=FIELD_EMBEDDING,
+            return_fields=[FIELD_QUESTION, FIELD_ANSWER, FIELD_ROOT, FIELD_WRONG_ABOVE, FIELD_SOURCE, FIELD_INTENT,
+                           FIELD_INTENT_CONFIDENCE, FIELD_INTENT_REFUTED],
+            filter_expression=scope_filter(query) & (Tag(FIELD_INTENT) == intent), num_results=limit, return_score=True)
+        try:
+            rows = await index.query(knn)
+        except (ResponseError, RedisSearchError) as exc:
+            if "unknown field" not in str(exc).lower() and "no such index" not in str(exc).lower():
+                raise
+            return []
+        return [Nearest(row["id"], 1.0 - float(row[DISTANCE_FIELD]), row) for row in rows]
+
     async def documents_of(self, tag: str, root: str) -> set[str]:
         """The keys of every document serving an entry's answer: the entry and its aliases."""
         index = await self.index(tag)

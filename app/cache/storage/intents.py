@@ -68,6 +68,9 @@ class HeadMeta(msgspec.Struct, frozen=True, kw_only=True):
         loaded_at: Unix time of the load.
         confused: The pairs of intents the held-out folds mixed up most (the twins): (intent,
             read as, times), most first.
+        beyond_band: Whether the rule also looks beyond the band, at the nearest cached
+            questions read as the asked intent (a head on a second embedder, whose neighbourhoods
+            the index's band does not follow); calibrated that way.
     """
 
     name: str
@@ -85,6 +88,7 @@ class HeadMeta(msgspec.Struct, frozen=True, kw_only=True):
     rule: str
     loaded_at: int
     confused: list[tuple[str, str, int]] = msgspec.field(default_factory=list)
+    beyond_band: bool = False
 
 
 class IntentGuess(msgspec.Struct, frozen=True, kw_only=True):
@@ -95,6 +99,7 @@ class IntentGuess(msgspec.Struct, frozen=True, kw_only=True):
     confident: bool
     shared: bool
     threshold: float
+    beyond_band: bool = False
 
 
 class IntentHead:
@@ -119,7 +124,7 @@ class IntentHead:
         index, confidence = self.predict(vector)
         i, sure = int(index[0]), float(confidence[0])
         return IntentGuess(intent=self.meta.intents[i], confidence=sure, confident=sure >= self.meta.threshold,
-                           shared=self.meta.shared[i], threshold=self.meta.threshold)
+                           shared=self.meta.shared[i], threshold=self.meta.threshold, beyond_band=self.meta.beyond_band)
 
     def to_hash(self) -> dict[str, bytes]:
         return {"meta": msgspec.json.encode(self.meta), "weights": self.weights.tobytes(), "bias": self.bias.tobytes()}
