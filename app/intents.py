@@ -35,7 +35,9 @@ from app.cache.storage.keys import (
     FIELD_SOURCE,
     FIELD_TENANT,
     OBS_INTENT_OK,
+    OBS_INTENT_OK_OF,
     OBS_INTENT_WRONG,
+    OBS_INTENT_WRONG_OF,
     SOURCE_FAQ,
     as_text,
     intents_file_key,
@@ -303,7 +305,7 @@ async def refit_intents(cache: object, policy: Policy, *, tenant: str, category:
 
 async def forget_intent_record(cache: object, tag: str, tenant: str, category: str) -> int:
     """Start the rule's measured record again for a new calibration: the explored and marked
-    intent hits (``intent_ok:<bin>``, ``intent_wrong:<bin>`` of the tenant's pool) judged the
+    intent hits (``intent_ok:<bin>``, ``intent_wrong:<bin>``, ``intent_*_of:<intent>`` of the tenant's pool) judged the
     previous head, and kept, they would hold a suspension the new load lifts. The pairs users
     marked wrong stay vetoed on their entries. Returns the fields removed."""
     from app.assembly import CacheParts
@@ -313,7 +315,8 @@ async def forget_intent_record(cache: object, tag: str, tenant: str, category: s
     for bucket in cache.each:
         redis, key = bucket.bucket.redis, bucket.bucket.keys.observations_key(tag, category, tenant)
         fields = [f for f in map(as_text, await redis.hkeys(key))
-                  if f and f.startswith((f"{OBS_INTENT_OK}:", f"{OBS_INTENT_WRONG}:"))]
+                  if f and f.startswith((f"{OBS_INTENT_OK}:", f"{OBS_INTENT_WRONG}:", f"{OBS_INTENT_OK_OF}:",
+                                          f"{OBS_INTENT_WRONG_OF}:"))]
         if fields:
             removed += int(await redis.hdel(key, *fields))
     return removed

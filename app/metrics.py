@@ -123,6 +123,12 @@ class Metrics:
             "(serving, serves_nothing, suspended, refused), 0 on the others",
             ["tenant", "category", "status"], registry=r, multiprocess_mode="mostrecent",
         )
+        self.intents_set_aside = Gauge(
+            "strata_intents_set_aside",
+            "A team's intents set aside one by one (their measured hits refute the calibration) per tenant and "
+            "category, at the last /metrics read",
+            ["tenant", "category"], registry=r, multiprocess_mode="mostrecent",
+        )
         self.dependency_up = Gauge(
             "strata_dependency_up", "Whether Redis and the model server answered at the last /metrics or /health read",
             ["dependency"], registry=r, multiprocess_mode="mostrecent",

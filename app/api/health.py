@@ -9,9 +9,8 @@ from typing import Any
 import msgspec
 from litestar import Controller, Request, Response, get
 
-from app.cache.decision.rules import intent_refuted
+from app.cache.decision.rules import intents_refuted
 from app.cache.storage.contract import CACHE_ERRORS
-from app.cache.storage.keys import VOUCH_INTENT
 from app.errors import Unauthorized
 from app.lifespan import Resources
 from app.metrics import CONTENT_TYPE
@@ -48,8 +47,9 @@ class HealthController(Controller):
     async def _intents(resources: Resources) -> tuple[list[dict[str, Any]], list[str]]:
         """Per tenant and category with intents loaded (``strata intents load``): what is loaded and
         whether it serves: ``serving``; ``serves_nothing`` (not calibrated under the bound);
-        ``suspended`` (the tenant's explored intent hits refute the calibration, until the next
-        load); ``refused`` (fitted on another embedder)."""
+        ``suspended`` (the tenant's measured intent hits refute the calibration, until the next
+        load); ``refused`` (fitted on another embedder). ``set_aside``: intents whose own measured
+        hits refute it, served no more while the others serve."""
         heads = resources.cache.intents
         if heads is None:
             return [], []
@@ -60,7 +60,7 @@ class HealthController(Controller):
             m = head.meta
             status = "serving" if m.threshold <= 1 else "serves_nothing"
             policy = resources.policy.categories.get(m.category)
-            measured: dict[str, int] = {}
+            measured: dict[str, Any] = {}
             if status == "serving" and semantic is not None and tag is not None and policy is not None \
                     and isinstance(policy.semantic, AdaptiveSemantic):
                 try:
@@ -68,12 +68,16 @@ class HealthController(Controller):
                 except CACHE_ERRORS:
                     counts = None
                 if counts is not None:
-                    wrong, total = counts.vouched_at_or_above(VOUCH_INTENT, 0)
-                    measured = {"explored": total, "wrong": wrong}
-                    if intent_refuted(counts, policy.semantic):
+                    watch = intents_refuted(counts, policy.semantic)
+                    measured = {"explored": watch.total, "wrong": watch.wrong, "set_aside": list(watch.set_aside)}
+                    if watch.suspended:
                         status = "suspended"
-                        warnings.append(f"intents of tenant {m.tenant} in {m.category} suspended: {wrong} of {total} "
-                                        "measured intent hits were wrong; load them again to re-calibrate")
+                        warnings.append(f"intents of tenant {m.tenant} in {m.category} suspended: {watch.wrong} of "
+                                        f"{watch.total} measured intent hits were wrong; load them again to re-calibrate")
+                    elif watch.set_aside:
+                        warnings.append(f"intents of tenant {m.tenant} in {m.category}: {', '.join(watch.set_aside)} "
+                                        "set aside (their measured hits were wrong); the others serve; load them "
+                                        "again to re-calibrate")
             found.append({"tenant": m.tenant, "category": m.category, "name": m.name, "intents": len(m.intents),
                           "phrasings": m.phrasings, "threshold": m.threshold, "accuracy": m.accuracy,
                           "served_share": m.served_share, "status": status, "rule": m.rule, **measured})
@@ -176,6 +180,9 @@ class HealthController(Controller):
                 for status in INTENT_STATUSES:
                     resources.metrics.intent_heads.labels(head["tenant"], head["category"], status).set(
                         int(head["status"] == status))
+                if "set_aside" in head:
+                    resources.metrics.intents_set_aside.labels(head["tenant"], head["category"]).set(
+                        len(head["set_aside"]))
         return Response(content=resources.metrics.render(), media_type=CONTENT_TYPE)
 
     @staticmethod

@@ -36,7 +36,7 @@ from redis.asyncio import Redis
 
 from app.auth import KEY_PREFIX
 from app.cache.decision.candidates import same_wording
-from app.cache.decision.rules import intent_refuted
+from app.cache.decision.rules import intents_refuted
 from app.cache.decision.verify import INTENT_MATCH, READER_ACCEPTED
 from app.cache.learning.feedback import FeedbackError, FeedbackRequest
 from app.cache.learning.review import REVIEW_MAX_ITEMS, ReviewItem
@@ -49,7 +49,6 @@ from app.cache.storage.keys import (
     FIELD_QUESTION,
     FIELD_ROOT,
     FIELD_TENANT,
-    VOUCH_INTENT,
     Keyspace,
     as_text,
     layers_key,
@@ -658,9 +657,12 @@ class ConsoleController(Controller):
             if semantic is not None and tag is not None and policy is not None and isinstance(policy.semantic, AdaptiveSemantic):
                 try:
                     counts = await semantic.adaptive.pooled.counts(tag, m.category, m.tenant)
-                    measured = counts.vouched_at_or_above(VOUCH_INTENT, 0)
-                    if m.threshold <= 1 and intent_refuted(counts, policy.semantic):
+                    watch = intents_refuted(counts, policy.semantic)
+                    measured = (watch.wrong, watch.total)
+                    if m.threshold <= 1 and watch.suspended:
                         status = "suspended: its measured hits refute the calibration"
+                    elif m.threshold <= 1 and watch.set_aside:
+                        status = f"serving; set aside (their measured hits were wrong): {', '.join(watch.set_aside)}"
                 except CACHE_ERRORS:
                     pass
             refit = None

@@ -113,3 +113,30 @@ def test_the_intent_rule_looks_beyond_the_band_only_at_rows_read_as_the_asked_in
     # Below the threshold the rows of the intent serve nothing; nor do they for a rule kept to the band.
     assert not rule_outcomes(fold, 0.999, beyond_band=True)[0].any()
     assert not rule_outcomes(fold, 0.95)[0].any()
+
+
+def test_an_intent_whose_hits_were_wrong_is_set_aside_alone_and_a_broken_calibration_stops_the_tenant() -> None:
+    from app.cache.decision.rules import SET_ASIDE_MOST, intents_refuted
+    from app.cache.decision.stats import PooledCounts
+    from app.policy import AdaptiveSemantic
+
+    policy = AdaptiveSemantic(threshold=0.6, error_bound=0.01, confidence=0.85)
+
+    def watch(wrong_of: dict[str, int], right: int) -> object:
+        fields = {"intent_ok:090": right, "intent_wrong:090": sum(wrong_of.values()), "ok:090": 7}
+        fields.update({f"intent_wrong_of:{intent}": n for intent, n in wrong_of.items()})
+        fields["intent_ok_of:card_lost"] = right
+        return intents_refuted(PooledCounts(fields), policy)
+
+    clean = watch({}, 40)
+    assert clean.serves("card_lost") and not clean.set_aside and (clean.wrong, clean.total) == (0, 40)
+    # One intent's wrong hit (a label error) refutes that intent only: the others' 40 clean hits serve.
+    one = watch({"exchange_rate": 1}, 40)
+    assert one.set_aside == ("exchange_rate",) and not one.suspended
+    assert not one.serves("exchange_rate") and one.serves("card_lost")
+    # Wrong hits spread over more intents than may be set aside: what is left still refutes, and
+    # the rule stops for the tenant (a broken calibration is not hidden one intent at a time).
+    spread = watch({f"intent_{i}": 1 for i in range(SET_ASIDE_MOST + 2)}, 40)
+    assert len(spread.set_aside) == SET_ASIDE_MOST and spread.suspended and not spread.serves("card_lost")
+    # The same record without the per-intent fields (measured before they existed): the tenant's alone.
+    assert intents_refuted(PooledCounts({"intent_ok:090": 4, "intent_wrong:090": 1}), policy).suspended

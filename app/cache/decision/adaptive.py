@@ -42,7 +42,7 @@ from app.cache.decision.verify import CandidateCheck
 from app.cache.readers.base import Reader
 from app.cache.storage.contract import CacheQuery, Candidate, Nearest
 from app.cache.storage.intents import IntentGuess
-from app.cache.storage.keys import FIELD_INTENT, KEYS, SOURCE_MODEL, VOUCH_READER, VOUCH_RECORD, Keyspace, as_text
+from app.cache.storage.keys import FIELD_INTENT, KEYS, SOURCE_MODEL, VOUCH_INTENT, VOUCH_READER, VOUCH_RECORD, Keyspace, as_text
 from app.policy import AdaptiveSemantic
 
 # The rules that rule on a row below the band read as the asked intent (the intent rule beyond
@@ -189,7 +189,8 @@ class AdaptiveDecision:
             neighbours=neighbours_of(facts.root, row, rows, policy.threshold), source=source_of(row),
             vouched=ruling.vouched, read=facts.read_later,
             reader_said_no=self._explore.reader_no_kept(ruling, policy),
-            refused="" if verdict.accepted else verdict.reason)
+            refused="" if verdict.accepted else verdict.reason,
+            intent=facts.asked_intent.intent if ruling.vouched == VOUCH_INTENT and facts.asked_intent else "")
         if self._explore.explored(ruling, candidate.source, policy):
             return msgspec.structs.replace(candidate, explored=True)
         if verdict.accepted:

@@ -264,15 +264,15 @@ class IntentVeto(Rule):
 
 class IntentMatch(Rule):
     """The team's intents (issue #46): the asked question and the cached one are both given one
-    shared intent at the calibrated confidence, and the tenant's explored intent hits do not
-    refute the calibration (their Wilson lower bound of wrong is within the bound)."""
+    shared intent at the calibrated confidence, and the tenant's measured intent hits do not
+    refute the calibration, for that intent or for the tenant (:func:`intents_refuted`)."""
 
     name = "intent match"
     reasons = (INTENT_MATCH, WRONG_BEFORE)
     reads = ("the head's reading of the asked question; the document's `intent`, `intent_confidence`, `intent_refuted` "
-             "(and its entry's); the pool's `intent_*:<bin>`")
-    counts = ("`intent_ok:<bin>`/`intent_wrong:<bin>` when explored or marked wrong, never the pool's bins; a wrong "
-              "marks the document and its entry `intent_refuted`")
+             "(and its entry's); the pool's `intent_*:<bin>` and `intent_*_of:<intent>`")
+    counts = ("`intent_ok:<bin>`/`intent_wrong:<bin>` and `intent_ok_of:<intent>`/`intent_wrong_of:<intent>` when "
+              "explored or marked wrong, never the pool's bins; a wrong marks the document and its entry `intent_refuted`")
 
     def __init__(self, entry_veto: EntryVeto) -> None:
         self._entry_veto = entry_veto
@@ -286,7 +286,7 @@ class IntentMatch(Rule):
             return None
         if float(as_text(fields.get(FIELD_INTENT_CONFIDENCE)) or 0.0) < guess.threshold:
             return None
-        if intent_refuted(await facts.counts(), facts.policy):
+        if not intents_refuted(await facts.counts(), facts.policy).serves(guess.intent):
             return None
         vetoed, refuted = await self._entry_veto.vetoed_for_intent(facts)
         if refuted:
@@ -294,11 +294,51 @@ class IntentMatch(Rule):
         return refuse(WRONG_BEFORE) if vetoed else serve(INTENT_MATCH, VOUCH_INTENT)
 
 
-def intent_refuted(counts: PooledCounts, policy: AdaptiveSemantic) -> bool:
-    """Whether the tenant's measured intent hits refute the calibration: the Wilson lower bound
-    of their wrong share, every score together, is above the bound."""
+# At most this many intents are set aside one by one before the tenant's whole record decides
+# alone: intents set aside because they showed wrong hits leave a cleaner record behind, so the
+# number that may be set aside is kept small (a broken calibration costs at most this many more
+# wrong measured hits before the rule stops for the tenant).
+SET_ASIDE_MOST = 3
+
+
+class IntentWatch(msgspec.Struct, frozen=True, kw_only=True):
+    """What the tenant's measured intent hits say of the calibration (issue #46, item 4).
+
+    Attributes:
+        suspended: The rule serves nothing for the tenant: its hits, the set-aside intents'
+            left out, refute the calibration (Wilson lower bound of wrong above the bound).
+        set_aside: Intents whose own measured hits refute it, served no more (most wrong first,
+            at most ``SET_ASIDE_MOST``).
+        wrong: Wrong measured hits, every intent.
+        total: Measured hits, every intent.
+    """
+
+    suspended: bool = False
+    set_aside: tuple[str, ...] = ()
+    wrong: int = 0
+    total: int = 0
+
+    def serves(self, intent: str) -> bool:
+        """Whether the intent rule may serve a question read as ``intent``."""
+        return not self.suspended and intent not in self.set_aside
+
+
+def intents_refuted(counts: PooledCounts, policy: AdaptiveSemantic) -> IntentWatch:
+    """The tenant's intent rule under watch: an intent whose own measured hits refute the
+    calibration is set aside (up to ``SET_ASIDE_MOST``), and the rule stops for the tenant when
+    the hits of the intents left refute it too; every score together."""
+    z = z_of(policy.confidence)
     wrong, total = counts.vouched_at_or_above(VOUCH_INTENT, 0)
-    return bool(total) and wilson_interval(wrong, total, z_of(policy.confidence))[0] > policy.error_bound
+
+    def refutes(bad: int, measured: int) -> bool:
+        return measured > 0 and wilson_interval(bad, measured, z)[0] > policy.error_bound
+
+    refuting = sorted(((w, r + w, intent) for intent, (r, w) in counts.of_intent.items() if refutes(w, r + w)),
+                      key=lambda t: (-t[0], -t[1], t[2]))[:SET_ASIDE_MOST]
+    left_wrong = wrong - sum(w for w, _, _ in refuting)
+    left_total = total - sum(n for _, n, _ in refuting)
+    return IntentWatch(suspended=refutes(max(0, left_wrong), max(0, left_total)),
+                       set_aside=tuple(intent for _, _, intent in refuting), wrong=wrong, total=total)
 
 
 class Pool(Rule):

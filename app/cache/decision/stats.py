@@ -22,7 +22,9 @@ from app.cache.storage.keys import (
     OBS_EXPLORED_OK,
     OBS_EXPLORED_WRONG,
     OBS_INTENT_OK,
+    OBS_INTENT_OK_OF,
     OBS_INTENT_WRONG,
+    OBS_INTENT_WRONG_OF,
     OBS_OK,
     OBS_READER_NO_OK,
     OBS_READER_NO_WRONG,
@@ -115,10 +117,15 @@ class PooledCounts:
 
     def __init__(self, fields: dict[str, int]) -> None:
         binned = {kind: np.zeros(BINS + 1) for kind in _BINNED_KINDS}
+        # The team's intent rule's measured hits per intent: (right, wrong).
+        self.of_intent: dict[str, tuple[int, int]] = {}
         for name, count in fields.items():
             kind, _, number = name.partition(":")
             if number.isdigit() and int(number) < BINS and kind in binned:
                 binned[kind][int(number)] += count
+            elif kind in (OBS_INTENT_OK_OF, OBS_INTENT_WRONG_OF) and number:
+                right, wrong = self.of_intent.get(number, (0, 0))
+                self.of_intent[number] = (right + count, wrong) if kind == OBS_INTENT_OK_OF else (right, wrong + count)
         self._suffix = {kind: np.cumsum(counts[::-1])[::-1] for kind, counts in binned.items()}
         self.ok, self.wrong = self._suffix[OBS_OK], self._suffix[OBS_WRONG]
         self.explored_ok = fields.get(OBS_EXPLORED_OK, 0)

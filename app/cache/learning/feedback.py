@@ -35,7 +35,7 @@ from app.cache.learning.observations import Observation, ObservationWriter
 from app.cache.learning.receipts import InvalidReceipt, Receipt, ResponseIds
 from app.cache.storage.contract import SharedRedis
 from app.cache.storage.invalidation import AuditLog, Invalidated
-from app.cache.storage.keys import observation_field, verdict_key
+from app.cache.storage.keys import FIELD_INTENT, VOUCH_INTENT, as_text, intent_field, observation_field, verdict_key
 
 logger = logging.getLogger("strata.feedback")
 
@@ -160,7 +160,12 @@ class Feedback:
         else:
             # A "wrong" on a hit a rule vouched for (the team's intents) counts against that rule too.
             kinds = VOUCH_KINDS.get(served.rule)
-            rules = (observation_field(kinds[1], served.score_bin),) if kinds is not None and wrong else ()
+            rules: tuple[str, ...] = (observation_field(kinds[1], served.score_bin),) \
+                if kinds is not None and wrong else ()
+            if rules and served.rule == VOUCH_INTENT:
+                # ...and against its intent (the document's, which the rule served on).
+                intent = as_text(await target.redis.hget(served.document, FIELD_INTENT))
+                rules += (intent_field(False, intent),) if intent else ()
             await target.observations.record(Observation.FEEDBACK, served.version, served.category, served.tenant,
                                              document=served.document, root=served.root, similarity=served.similarity,
                                              score_bin=served.score_bin, same=not wrong, rules=rules)

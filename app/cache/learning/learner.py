@@ -51,6 +51,7 @@ from app.cache.storage.keys import (
     OBS_READER_WRONG,
     SOURCE_MODEL,
     Keyspace,
+    intent_field,
     normalize_text,
     observation_field,
 )
@@ -320,6 +321,8 @@ class AnswerLearner:
         if candidate.vouched:
             ok_kind, wrong_kind = VOUCH_KINDS[candidate.vouched]
             rules.append(observation_field(ok_kind if same else wrong_kind, candidate.score_bin))
+        if candidate.intent:
+            rules.append(intent_field(same, candidate.intent))
         if candidate.reader_said_no:
             rules.append(observation_field(OBS_READER_NO_OK if same else OBS_READER_NO_WRONG, candidate.score_bin))
         elif candidate.read and self._reads is not None and query.canonical.question is not None:

@@ -143,6 +143,8 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
         refused: Why the decision refused it (``outside_bound``, ``reader_rejected``, ...; ""
             when it was served or explored): such a candidate
             whose answers disagree goes to the review queue.
+        intent: The team's intent the intent rule vouched on ("" for another rule): the model's
+            answer counts for or against that intent too.
     """
 
     key: str
@@ -158,6 +160,7 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
     read: bool = False
     reader_said_no: bool = False
     refused: str = ""
+    intent: str = ""
 
 
 class Verdict(msgspec.Struct, frozen=True):

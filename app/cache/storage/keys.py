@@ -150,6 +150,11 @@ OBS_READER_NO_WRONG = "reader_no_wrong"
 # ``intent_ok:<bin>`` / ``intent_wrong:<bin>``: the team's intent rule's explored hits (issue #46).
 OBS_INTENT_OK = "intent_ok"
 OBS_INTENT_WRONG = "intent_wrong"
+# ``intent_ok_of:<intent>`` / ``intent_wrong_of:<intent>``: the same hits per intent, so that one
+# intent whose answers are measured wrong (a label error, an answer that depends on what the
+# question names) is set aside alone (app/cache/decision/rules.py, ``intents_refuted``).
+OBS_INTENT_OK_OF = "intent_ok_of"
+OBS_INTENT_WRONG_OF = "intent_wrong_of"
 # The rules whose verdicts are counted so (a candidate's ``vouched``).
 VOUCH_RECORD = "record"
 VOUCH_READER = "reader"
@@ -291,6 +296,11 @@ def verdict_key(nonce: str) -> str:
 def observation_field(result: str, score_bin: int) -> str:
     """``ok:087``: zero-padded so that ``HGETALL`` lists the bins in order."""
     return f"{result}:{score_bin:03d}"
+
+
+def intent_field(same: bool, intent: str) -> str:
+    """``intent_wrong_of:card_lost``: one intent's measured intent hits in a tenant's pool."""
+    return f"{OBS_INTENT_OK_OF if same else OBS_INTENT_WRONG_OF}:{intent}"
 
 
 # The keyspace of a single Redis (and of the tools that read one).
