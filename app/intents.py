@@ -221,13 +221,13 @@ async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *,
     weights, bias = await asyncio.to_thread(fit_softmax, read, labels, len(every), seed=seed)
     fitted = time.monotonic()
     if calibration.threshold > 1:
-        rule = (f"serves nothing: the held-out folds do not show {semantic_policy.error_bound:.1%} wrong at "
+        rule = (f"serves nothing: the held-out readings do not show {semantic_policy.error_bound:.1%} wrong at "
                 f"{1 - delta:.0%} (at least {fewest_to_show(semantic_policy.error_bound, delta, len(CHAIN_STARTS))} "
                 f"clean held-out hits are needed to show it)")
     else:
         rule = (f"both questions of one intent at confidence >= {calibration.threshold:.3f}"
                 f"{' (the nearest cached ones of that intent beyond the band too)' if beyond_band else ''}: "
-                f"wrong share <= {semantic_policy.error_bound:.1%} at {1 - delta:.0%} on held-out folds simulated as streams")
+                f"wrong share <= {semantic_policy.error_bound:.1%} at {1 - delta:.0%} on held-out readings replayed as a stream")
     meta = HeadMeta(name=name, tenant=tenant, category=category, intents=[i.intent for i in every],
                     shared=[i.shared for i in every], threshold=calibration.threshold,
                     fingerprint=reader.fingerprint, phrasings=len(texts),

@@ -140,3 +140,18 @@ def test_an_intent_whose_hits_were_wrong_is_set_aside_alone_and_a_broken_calibra
     assert len(spread.set_aside) == SET_ASIDE_MOST and spread.suspended and not spread.serves("card_lost")
     # The same record without the per-intent fields (measured before they existed): the tenant's alone.
     assert intents_refuted(PooledCounts({"intent_ok:090": 4, "intent_wrong:090": 1}), policy).suspended
+
+
+def test_a_small_file_is_its_own_cache_and_certifies_where_one_fold_of_it_could_not() -> None:
+    from app.cache.learning.intents import SMALL_FILE_FOLDS, folds_for
+
+    # 10 phrasings of each of 40 intents: cut in 10 folds, every phrasing read by a head that
+    # never saw it, and its neighbours found in the whole file (a fold holds one of each intent).
+    vectors, labels = clusters(10, 40, 0.2, seed=3)
+    assert folds_for(len(labels)) == SMALL_FILE_FOLDS
+    (stream,) = held_out_folds(vectors, labels, 40, 0.0)
+    assert len(stream.labels) == len(labels) and (stream.neighbours[:, 0] >= 0).all()
+    assert (labels[stream.neighbours[:, 0]] == labels).mean() > 0.95  # a phrasing's nearest is of its intent
+    # The rule is shown within the bound and serves most of the held-out phrasings.
+    shown = calibrate(vectors, labels, 40, 0.05, 0.0, delta=0.05)
+    assert shown.threshold <= 1 and shown.served_share > 0.5 and shown.held_out_wrong <= 0.05

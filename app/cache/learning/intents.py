@@ -9,10 +9,15 @@ intents fit in seconds on this machine (docs/QUALITY.md).
 question and a cached one in the band are given the same intent with confidence at least ``t``.
 ``t`` is chosen on the team's data alone by Learn-then-Test (Angelopoulos et al.): folds of the
 phrasings are held out, and in each fold a tenth of the intents is held out whole, so their
-phrasings stand for questions of no intent of the team's (out of scope). Each fold is replayed as a
-stream would meet it: each held-out phrasing asks, the fold's other phrasings are the cache (its
-nearest 8 at the category's floor or above, as the KNN finds them, less those the guards set aside,
-as they do before the rule), and the rule serves it or not;
+phrasings stand for questions of no intent of the team's (out of scope). Every phrasing is read
+by the head fitted without its fold (cross-fitting), and the file is replayed as a warm cache
+would meet it: each phrasing asks, every other phrasing is the cache, read by the head that held
+it out (its nearest 8 at the category's floor or above, as the KNN finds them, less those the
+guards set aside, as they do before the rule), and the rule serves it or not. The whole file
+as the cache, not one fold's share of it: with 10 phrasings an intent a fold held about two of
+each, too few for the rule to meet its own intent, and no threshold could be shown (issue #46;
+docs/QUALITY.md). A file of up to ``SMALL_FILE`` phrasings is cut in ``SMALL_FILE_FOLDS`` folds, so
+that each head learns from nine tenths of it;
 served, it is wrong when the cached phrasing has another label, or always when its own intent was
 held out. The candidate thresholds are a grid fixed before any label is read (the confidences at
 which 10%, 15%, ... 95% of the held-out phrasings are at or above), walked as two fixed sequences,
@@ -21,8 +26,8 @@ most confident first: one from the top, one from the 30% most confident down, ea
 held-out phrasings to show the bound at all (it depends on no label). Along a sequence the null
 "wrong share of the rule's hits > error_bound" is tested with the exact binomial tail and the
 sequence stops at the first null it keeps; the rule serves at the lowest threshold either
-sequence rejected. So with 95% confidence (or the category's, if higher), over the held-out folds
-simulated as streams, the rule's wrong share is at most the category's ``error_bound``,
+sequence rejected. So with 95% confidence (or the category's, if higher), over the held-out readings
+replayed as a stream, the rule's wrong share is at most the category's ``error_bound``,
 out-of-scope questions counted as wrong. Why two: a few mislabelled phrasings among the most
 confident stop a single sequence before it certifies anything (CLINC150's train split:
 "how is the weather today" labelled `maybe`), and Bonferroni over all 18 thresholds tests each
@@ -46,6 +51,11 @@ DELTA = 0.05
 # The pairs of intents most mixed up that a load reports (the console's twins).
 CONFUSED_SHOWN = 10
 FOLDS = 5
+# A small file is cut finer: each head then learns from nine tenths of it, not four fifths.
+SMALL_FILE = 5_000
+SMALL_FILE_FOLDS = 10
+# Askers whose similarities to the whole file are held at once (rows x phrasings floats).
+ASKERS_AT_ONCE = 1_024
 # Share of the intents held out whole in each fold, to stand for questions of no known intent.
 UNKNOWN_SHARE = 0.1
 EPOCHS = 150
@@ -144,7 +154,8 @@ class Calibration(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Fold(msgspec.Struct, frozen=True, kw_only=True):
-    """One held-out fold as a little stream: each phrasing asks, the others are the cache."""
+    """Held-out readings as a stream: each phrasing asks, the others are the cache (the whole
+    file, each read by the head that held it out: :func:`held_out_folds`)."""
 
     labels: np.ndarray
     predicted: np.ndarray
@@ -163,16 +174,23 @@ OF_INTENT = 4
 Refused = Callable[[int, int], bool]
 
 
-def held_out_folds(vectors: np.ndarray, labels: np.ndarray, classes: int, floor: float, *, folds: int = FOLDS,
+def folds_for(phrasings: int) -> int:
+    """How many folds a file of this many phrasings is cut in (``SMALL_FILE_FOLDS`` up to ``SMALL_FILE``)."""
+    return SMALL_FILE_FOLDS if phrasings <= SMALL_FILE else FOLDS
+
+
+def held_out_folds(vectors: np.ndarray, labels: np.ndarray, classes: int, floor: float, *, folds: int | None = None,
                    unknown_share: float = UNKNOWN_SHARE, seed: int = 0, epochs: int = EPOCHS,
                    refused: Refused | None = None, near: np.ndarray | None = None) -> list[Fold]:
-    """Each fold's phrasings predicted by a head fitted without them (and without a tenth of the
-    intents, whose phrasings stand for unknown questions), with their nearest neighbours in the
-    fold at ``floor`` or above, as the cache's KNN would find them; a neighbour the guards refuse
-    (``refused``) is set aside as the rules set it aside before the intent rule. ``near``: the
-    index's vectors of the phrasings when the head reads with another embedder (the KNN and its
-    floor are the index's), else ``vectors``."""
+    """Every phrasing read by a head fitted without its fold (and without a tenth of the intents,
+    whose phrasings stand for unknown questions), with its nearest other phrasings of the whole
+    file at ``floor`` or above, as the cache's KNN would find them, each read by the head that held
+    it out; a neighbour the guards refuse (``refused``) is set aside as the rules set it aside
+    before the intent rule. ``near``: the index's vectors of the phrasings when the head reads
+    with another embedder (the KNN and its floor are the index's), else ``vectors``. One
+    :class:`Fold`: the file as one stream. ``folds``: :func:`folds_for` the file when not given."""
     near = vectors if near is None else near
+    folds = folds_for(len(labels)) if folds is None else folds
     rng = np.random.default_rng(seed)
     fold_of = np.empty(len(labels), dtype=int)
     for label in range(classes):
@@ -181,30 +199,48 @@ def held_out_folds(vectors: np.ndarray, labels: np.ndarray, classes: int, floor:
         fold_of[members] = (np.arange(len(members)) + rng.integers(folds)) % folds
     order = rng.permutation(classes)
     held = math.floor(unknown_share * classes)  # none held out of fewer than ten intents
-    result = []
+    predicted = np.zeros(len(labels), dtype=int)
+    sure = np.zeros(len(labels))
+    unknown = np.zeros(len(labels), dtype=bool)
     for fold in range(folds):
         start = (fold * held) % max(1, classes)
         hidden = order[start:start + held] if held else np.array([], dtype=int)
         is_hidden = np.isin(labels, hidden)
         train, test = (fold_of != fold) & ~is_hidden, fold_of == fold
         weights, bias = fit_softmax(vectors[train], labels[train], classes, epochs=epochs, seed=seed)
-        predicted, sure = predict(weights, bias, vectors[test])
-        similarity = near[test] @ near[test].T
-        np.fill_diagonal(similarity, -1.0)
-        nearest = np.argsort(-similarity, axis=1)[:, :NEIGHBOURS]
-        nearest = np.where(np.take_along_axis(similarity, nearest, axis=1) >= floor, nearest, -1)
-        same = np.where(predicted[None, :] == predicted[:, None], similarity, -np.inf)
-        np.fill_diagonal(same, -np.inf)
-        of_intent = np.argsort(-same, axis=1)[:, :OF_INTENT]
-        of_intent = np.where(np.isfinite(np.take_along_axis(same, of_intent, axis=1)), of_intent, -1)
-        if refused is not None:
-            members = np.flatnonzero(test)
-            for found in (nearest, of_intent):
-                for row, column in zip(*np.nonzero(found >= 0), strict=True):
-                    if refused(int(members[row]), int(members[found[row, column]])):
-                        found[row, column] = -1
-        result.append(Fold(labels=labels[test], predicted=predicted, confidence=sure, unknown=is_hidden[test],
-                           neighbours=nearest, of_intent=of_intent))
+        predicted[test], sure[test] = predict(weights, bias, vectors[test])
+        unknown[test] = is_hidden[test]
+    nearest = np.full((len(labels), NEIGHBOURS), -1)
+    of_intent = np.full((len(labels), OF_INTENT), -1)
+    for first in range(0, len(labels), ASKERS_AT_ONCE):
+        rows = np.arange(first, min(first + ASKERS_AT_ONCE, len(labels)))
+        similarity = near[rows] @ near.T
+        similarity[np.arange(len(rows)), rows] = -np.inf  # not itself
+        nearest[rows] = _top(similarity, NEIGHBOURS, floor)
+        same = np.where(predicted[None, :] == predicted[rows, None], similarity, -np.inf)
+        of_intent[rows] = _top(same, OF_INTENT, -np.inf)
+    if refused is not None:
+        for found in (nearest, of_intent):
+            for row, column in zip(*np.nonzero(found >= 0), strict=True):
+                if refused(int(row), int(found[row, column])):
+                    found[row, column] = -1
+    return [Fold(labels=labels, predicted=predicted, confidence=sure, unknown=unknown, neighbours=nearest,
+                 of_intent=of_intent)]
+
+
+def _top(similarity: np.ndarray, count: int, floor: float) -> np.ndarray:
+    """Per row, the columns of the ``count`` highest similarities that are finite and at or above
+    ``floor``, most similar first; -1 where there are fewer."""
+    rows, columns = similarity.shape
+    result = np.full((rows, count), -1)
+    take = min(count, columns)
+    if take == 0:
+        return result
+    picked = np.argpartition(-similarity, take - 1, axis=1)[:, :take]
+    values = np.take_along_axis(similarity, picked, axis=1)
+    ranked = np.argsort(-values, axis=1, kind="stable")
+    picked, values = np.take_along_axis(picked, ranked, axis=1), np.take_along_axis(values, ranked, axis=1)
+    result[:, :take] = np.where(np.isfinite(values) & (values >= floor), picked, -1)
     return result
 
 
@@ -237,7 +273,7 @@ def _trial(held: list[Fold], tau: float, beyond_band: bool) -> tuple[float, np.n
 
 
 def calibrate(vectors: np.ndarray, labels: np.ndarray, classes: int, error_bound: float, floor: float, *,
-              delta: float = DELTA, seed: int = 0, folds: int = FOLDS, epochs: int = EPOCHS,
+              delta: float = DELTA, seed: int = 0, folds: int | None = None, epochs: int = EPOCHS,
               refused: Refused | None = None, near: np.ndarray | None = None,
               beyond_band: bool = False) -> Calibration:
     """The threshold of the intent rule under ``error_bound`` (the module's procedure); ``near``
