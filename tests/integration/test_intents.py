@@ -159,8 +159,9 @@ def test_heads_read_the_intent_embedder_when_one_is_configured_and_a_head_of_ano
         # A head on a second embedder also looks beyond the index's band: the nearest cached
         # question it read as the asked intent, below the category's floor (0.5) for USE.
         assert "beyond the band" in loaded.stdout
-        assert ask(server.url, "my parcel never came", headers=asked).headers["x-cache"] == "miss"
-        beyond = ask(server.url, "the box did not show up", headers=asked)
+        # ("has my parcel shipped yet" is the only cached question of the intent; USE puts this one
+        # at 0.44 from it, and from every other cached question below the floor.)
+        beyond = ask(server.url, "when does my box come", headers=asked)
         assert beyond.headers.get("x-cache-verdict") == "intent_match", dict(beyond.headers)
         assert float(beyond.headers["x-cache-similarity"]) < 0.5, dict(beyond.headers)
     assert run_cli("intents", "remove", "--category", "learn_intents", env=env).returncode == 0
