@@ -206,12 +206,13 @@ load: deps
 # The seed's savings with the real model: one stream straight to vLLM and through Strata (the
 # `make up` stack), same open-loop schedule; writes docs/REPLAY.md and its latency CDF.
 # With MODEL=qwen1.5b (issue #34): 150 requests at 0.2/s (llama.cpp answers one at a time, ~4 s
-# each), the short and timestamp arms 10 each (a full prefill takes ~25 s), and the curated FAQ of
-# `strata replay faq` loaded before the strata arm; no judge (QWEN_STRATA_ENV).
-QWEN_REPLAY_ARGS = --requests 150 --rate 0.2 --side-requests 10 --faq $(RUN)/replay/clinc-faq3.yaml
+# each), the short and timestamp arms 10 each (a full prefill takes ~25 s), and the bot's FAQ as
+# intents (issue #46 item 9: the 40 intents' train phrasings, an answer for each intent one answer
+# serves, `strata replay intents`) loaded before the strata arm; no judge (QWEN_STRATA_ENV).
+QWEN_REPLAY_ARGS = --requests 150 --rate 0.2 --side-requests 10 --intents $(RUN)/replay/clinc40-intents.yaml
 REPLAY_ARGS ?= $(if $(filter qwen1.5b,$(MODEL)),$(QWEN_REPLAY_ARGS))
 bench-replay: calibrate-deps
 	@$(MAKE) --no-print-directory up MODEL=$(MODEL)
-	@[ -z "$(filter qwen1.5b,$(MODEL))" ] || [ -f $(RUN)/replay/clinc-faq3.yaml ] || \
-	  $(PY) -m app.cli replay faq --source clinc --per-intent 3 --category faq --out $(RUN)/replay/clinc-faq3.yaml
+	@[ -z "$(filter qwen1.5b,$(MODEL))" ] || [ -f $(RUN)/replay/clinc40-intents.yaml ] || \
+	  $(PY) -m app.cli replay intents --source clinc --intents 40 --out $(RUN)/replay/clinc40-intents.yaml
 	$(PY) -m bench.replay_vllm $(REPLAY_ARGS)

@@ -251,18 +251,26 @@ def cmd_replay_build(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_replay_intents(args: argparse.Namespace, settings: Settings) -> int:
-    """A team's intents file (CSV text,intent) from CLINC150's train split or a FAQ set."""
+    """A team's intents file from CLINC150's train split or a FAQ set: CSV text,intent, or with
+    ``--out`` ending in .yaml, each intent's phrasings and its answer (a FAQ as intents)."""
     import csv
 
-    from app.replay.streams import StreamFileError, team_intents
+    import yaml
+
+    from app.replay.streams import StreamFileError, intents_with_answers, team_intents
 
     source = Path(args.file) if args.source == "faqset" else Path(args.data_dir) / "clinc150.csv"
     if args.source == "faqset" and not args.file:
         return fail("--source faqset needs --file")
     try:
-        rows = team_intents(args.source, source, args.per_intent, args.seed, args.domain)
+        rows = team_intents(args.source, source, args.per_intent, args.seed, args.domain, args.intents)
     except (StreamFileError, OSError) as exc:
         return fail(str(exc))
+    if Path(args.out).suffix.lower() in (".yaml", ".yml"):
+        Path(args.out).write_text(yaml.safe_dump(intents_with_answers(rows), allow_unicode=True, sort_keys=False),
+                                  encoding="utf-8")
+        print(f"wrote {len(rows)} phrasings of {len({i for _, i in rows})} intents, the shared ones with their answer, to {args.out}")
+        return 0
     with Path(args.out).open("w", encoding="utf-8", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["text", "intent"])
@@ -662,9 +670,11 @@ def parser() -> argparse.ArgumentParser:
     intents_step.add_argument("--file", help="with --source faqset: the FAQ set")
     intents_step.add_argument("--per-intent", type=int, default=0, help="phrasings per intent (0: the whole train split)")
     intents_step.add_argument("--domain", choices=sorted(CLINC_DOMAINS), default="")
+    intents_step.add_argument("--intents", type=int, default=0,
+                              help="keep only the first N CLINC intents, as `replay build --intents` (0: all)")
     intents_step.add_argument("--seed", type=int, default=0)
     intents_step.add_argument("--data-dir", default=str(DEFAULT_DATA))
-    intents_step.add_argument("--out", required=True)
+    intents_step.add_argument("--out", required=True, help="CSV text,intent; .yaml: phrasings and an answer per intent")
     intents_step.set_defaults(run=cmd_replay_intents)
 
     faq_step = replay_steps.add_parser("faq", help="write a curated-answer file of CLINC150 train utterances for replays")

@@ -192,6 +192,34 @@ def load_curated(path: str) -> None:
     print(done.stdout.strip(), flush=True)
 
 
+def load_intents(path: str, strata: str) -> str:
+    """Load a team's intents file the way an operator would (`strata intents load`, category faq,
+    on STRATA_REDIS_URL), then wait until the running Strata serves with it (`/health`: its heads
+    reload within seconds). Returns the load's last line (what it calibrated)."""
+    done = subprocess.run([sys.executable, "-m", "app.cli", "intents", "load", path, "--category", "faq",
+                           "--name", "bench-replay"], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise SystemExit(f"bench-replay: could not load {path}: {done.stderr or done.stdout}")
+    line = done.stdout.strip().splitlines()[-1]
+    print(line, flush=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        heads = httpx.get(strata + "/health", timeout=10).json().get("intents", [])
+        if any(h.get("category") == "faq" and h.get("name") == "bench-replay" for h in heads):
+            return line
+        time.sleep(0.5)
+    raise SystemExit("bench-replay: Strata did not take up the intents within 60 s (/health: intents)")
+
+
+def taught(path: str, arm: Arm) -> int:
+    """How many of an arm's questions the team's intents file holds word for word (normalized)."""
+    from app.cache.storage.keys import normalize_text
+    from app.intents import read_intents
+
+    held = {normalize_text(t) for item in read_intents(Path(path)) for t in item.phrasings}
+    return sum(1 for r in arm.results if normalize_text(r.question) in held)
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
@@ -248,22 +276,27 @@ def read_hits(arm: Arm, curated: dict[str, str]) -> list[dict[str, Any]]:
     return read
 
 
-def curated_intents(path: str | None, source: Path) -> dict[str, str]:
-    """A curated-answer file's answers and the intent each was written for: the CLINC150 intent
-    of the entry's question (``strata replay faq --source clinc`` writes one entry per intent)."""
-    if not path:
-        return {}
+def curated_intents(path: str | None, source: Path, intents_file: str | None = None) -> dict[str, str]:
+    """Curated answers and the intent each was written for: a curated-answer file's, by the
+    CLINC150 intent of the entry's question (``strata replay faq --source clinc`` writes one entry
+    per intent), and an intents file's, by the intent it answers."""
     import csv
 
     import yaml
 
     from app.cache.storage.keys import normalize_text
 
-    with source.open(encoding="utf-8-sig", newline="") as handle:
-        intents = {normalize_text(row["text"]): row["intent"] for row in csv.DictReader(handle)}
-    entries = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or []
-    return {str(e["answer"]): intents.get(normalize_text(str(e.get("question", ""))), "")
-            for e in entries if isinstance(e, dict) and "answer" in e}
+    written: dict[str, str] = {}
+    if path:
+        with source.open(encoding="utf-8-sig", newline="") as handle:
+            intents = {normalize_text(row["text"]): row["intent"] for row in csv.DictReader(handle)}
+        entries = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or []
+        written.update({str(e["answer"]): intents.get(normalize_text(str(e.get("question", ""))), "")
+                        for e in entries if isinstance(e, dict) and "answer" in e})
+    if intents_file and Path(intents_file).suffix.lower() in (".yaml", ".yml"):
+        items = yaml.safe_load(Path(intents_file).read_text(encoding="utf-8")) or []
+        written.update({str(i["answer"]): str(i["intent"]) for i in items if isinstance(i, dict) and i.get("answer")})
+    return written
 
 
 def plot(arms: list[Arm], output: Path) -> None:
@@ -298,6 +331,8 @@ def main() -> int:
     parser.add_argument("--second-day", action="store_true", help="also replay the next draw through the warm cache")
     parser.add_argument("--faq", help="a curated-answer file (strata faq load) loaded before the strata arm: "
                                       "the bot's FAQ, as a team would have it")
+    parser.add_argument("--intents", help="a team's intents file (strata intents load, category faq) loaded before the "
+                                          "strata arm: the bot's FAQ as intents, with their answers")
     parser.add_argument("--out", default=str(ROOT / "docs" / "REPLAY.md"))
     args = parser.parse_args()
     source = SHARED / "clinc150.csv"
@@ -327,6 +362,8 @@ def main() -> int:
             empty_cache()
         if name == "strata" and args.faq:
             load_curated(args.faq)
+        if name == "strata" and args.intents:
+            args.intents_loaded = load_intents(args.intents, args.strata)
         arm = asyncio.run(run_arm(name, vllm=args.vllm, model=model, questions=questions[:count], rate=args.rate, **kwargs))
         arms[name] = arm
         print(f"{name}: {json.dumps(summary(arm))}", flush=True)
@@ -336,7 +373,7 @@ def main() -> int:
                                   questions=tomorrow, rate=args.rate, marker=arms["strata"].marker))
         arms[DAY2] = arm
         print(f"{DAY2}: {json.dumps(summary(arm))}", flush=True)
-    write(arms, args, model, server, curated_intents(args.faq, source))
+    write(arms, args, model, server, curated_intents(args.faq, source, args.intents))
     return 0
 
 
@@ -385,8 +422,11 @@ def write(arms: dict[str, Arm], args: argparse.Namespace, model: str, server: st
         f"{s['completion_tokens'] / max(1, d['completion_tokens']):.0%}, "
         f"prompt tokens {s['prompt_tokens'] / max(1, d['prompt_tokens']):.0%} "
         "(target: at most 45% for calls and completion tokens)",
-        *([f"- answered from curated answers (`--faq {args.faq}`, loaded before the strata arm): {s['curated']} of "
-           f"{s['requests']} ({s['curated'] / max(1, s['requests']):.0%})"] if args.faq else []),
+        *([f"- the team's intents (`--intents {args.intents}`, loaded before the strata arm): "
+           f"{getattr(args, 'intents_loaded', '')}; {taught(args.intents, arms['strata'])} of the stream's "
+           f"{s['requests']} questions are phrasings of that file word for word"] if args.intents else []),
+        *([f"- answered from curated answers (loaded before the strata arm): {s['curated']} of "
+           f"{s['requests']} ({s['curated'] / max(1, s['requests']):.0%})"] if args.faq or args.intents else []),
         *([f"- day 2 (seed {args.seed + 1}, cache from the strata arm kept) against direct (day 1's questions, "
            f"same schedule): mean {rows[DAY2]['mean'] / d['mean']:.2f}x, p99 {rows[DAY2]['p99'] / d['p99']:.2f}x, "
            f"upstream calls {rows[DAY2]['upstream'] / d['upstream']:.0%}, completion tokens "

@@ -174,10 +174,12 @@ def faqset_faq(path: Path, per_label: int, category: str = "faq") -> list[dict[s
     return items
 
 
-def team_intents(source: str, path: Path, per_intent: int = 0, seed: int = 0, domain: str = "") -> list[tuple[str, str]]:
+def team_intents(source: str, path: Path, per_intent: int = 0, seed: int = 0, domain: str = "",
+                 first_intents: int = 0) -> list[tuple[str, str]]:
     """A team's labelled phrasings for ``strata intents load`` (issue #46), as (text, intent) rows:
     CLINC150's *train* split (every utterance, or ``per_intent`` of each, seeded; one domain's
-    intents with ``domain``), or a FAQ set's first ``per_intent`` wordings per label (what
+    intents with ``domain``; the first ``first_intents`` by name, as ``clinc_stream``'s
+    ``domain_intents`` keeps them), or a FAQ set's first ``per_intent`` wordings per label (what
     ``replay build --held`` keeps out of its stream)."""
     rows: list[tuple[str, str]] = []
     if source == "faqset":
@@ -192,6 +194,8 @@ def team_intents(source: str, path: Path, per_intent: int = 0, seed: int = 0, do
                 groups[row["intent"]].append(normalize_text(row["text"]))
     if domain:
         groups = defaultdict(list, {name: groups[name] for name in CLINC_DOMAINS[domain]})
+    if first_intents:
+        groups = defaultdict(list, {name: groups[name] for name in sorted(groups)[:first_intents]})
     rng = random.Random(seed)
     for intent in sorted(groups):
         texts = sorted(set(groups[intent]))
@@ -199,6 +203,30 @@ def team_intents(source: str, path: Path, per_intent: int = 0, seed: int = 0, do
             texts = rng.sample(texts, min(per_intent, len(texts)))
         rows.extend((text, intent) for text in texts)
     return rows
+
+
+# CLINC150 intents whose answer depends on what the question names (a restaurant, a food, a word,
+# a place, a date, an amount, a new name, a setting's value), read by a person for the replay's
+# 40 intents (the first by name, bench/replay_vllm.py): a team would mark them `shared: false`.
+CLINC_NAMED_INTENTS = frozenset({
+    "accept_reservations", "alarm", "bill_balance", "bill_due", "book_flight", "book_hotel", "calculator",
+    "calendar", "calendar_update", "calories", "cancel_reservation", "car_rental", "carry_on", "change_ai_name",
+    "change_language", "change_speed", "change_user_name", "change_volume", "confirm_reservation", "cook_time",
+    "date", "definition", "directions", "distance", "exchange_rate",
+})
+
+
+def intents_with_answers(rows: list[tuple[str, str]]) -> list[dict[str, object]]:
+    """A team's YAML intents file (``strata intents load``) from (text, intent) rows: each intent's
+    phrasings and :func:`curated_answer`'s wording of its answer, the answer the curated FAQ of
+    ``strata replay faq`` gives the same label; the intents of :data:`CLINC_NAMED_INTENTS` are
+    marked not shared and have no answer (no one answer serves them: the head never serves them,
+    they still teach it what the others are not)."""
+    grouped: dict[str, list[str]] = defaultdict(list)
+    for text, intent in rows:
+        grouped[intent].append(text)
+    return [{"intent": intent, "phrasings": texts, "shared": False} if intent in CLINC_NAMED_INTENTS
+            else {"intent": intent, "phrasings": texts, "answer": curated_answer(intent)} for intent, texts in grouped.items()]
 
 
 def clinc_faq(path: Path, per_intent: int, seed: int = 0, category: str = "faq") -> list[dict[str, object]]:
