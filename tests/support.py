@@ -107,6 +107,20 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
                           timeout=300)
 
 
+def stop_process(process: subprocess.Popen[bytes]) -> None:
+    """Stop a Strata started by :func:`serve_process` as an orchestrator would: SIGTERM, the
+    graceful window uvicorn is given (30 s, app/serve.py) and some, then SIGKILL. What a test
+    checks is asserted before; its teardown does not fail on a slow exit of a busy machine."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=45)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=30)
+
+
 def serve_process(env: dict[str, str], port: int, timeout: float = 60.0) -> subprocess.Popen[bytes]:
     """Start Strata as production runs it (``python -m app.serve``) and wait for ``/health``; with
     the tests' policy file unless ``env`` names another (the shipped default category is per-user)."""

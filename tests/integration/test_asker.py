@@ -16,7 +16,18 @@ import pytest
 import redis
 
 from app.auth import add_key
-from tests.support import ADMIN_TOKEN, MODEL, FakeUpstream, ask, eventually, free_port, serve_process, serve_strata, strata_settings
+from tests.support import (
+    ADMIN_TOKEN,
+    MODEL,
+    FakeUpstream,
+    ask,
+    eventually,
+    free_port,
+    serve_process,
+    serve_strata,
+    stop_process,
+    strata_settings,
+)
 
 MINE = {"X-Cache-Category": "mine"}  # scope: user (tests/fixtures/policy.yaml)
 GENERAL = {"X-Cache-Category": "general"}
@@ -153,8 +164,7 @@ def test_two_workers_keep_each_users_answers_to_that_user(
         assert seen == {"u1": {"miss", "exact-hit"}, "u2": {"miss", "exact-hit"}}
         assert len(fake_upstream.calls) == 2
     finally:
-        process.terminate()
-        process.wait(timeout=30)
+        stop_process(process)
 
 
 # --- word order and values ------------------------------------------------------------------------

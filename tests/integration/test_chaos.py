@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from app.auth import add_key
-from tests.support import MODEL, FakeUpstream, free_port, scan, serve_process, serve_strata, strata_settings
+from tests.support import MODEL, FakeUpstream, free_port, scan, serve_process, serve_strata, stop_process, strata_settings
 
 
 def body(question: str, **extra: Any) -> dict[str, Any]:
@@ -137,9 +137,7 @@ def test_a_worker_killed_mid_stream_leaves_no_lease_that_blocks_the_question(
         assert streamed.status_code == 200 and "[DONE]" in streamed.text
     finally:
         for process in (first, second):
-            if process.poll() is None:
-                process.terminate()
-                process.wait(timeout=30)
+            stop_process(process)
 
 
 def test_a_hanging_upstream_costs_each_request_one_timeout_not_two(

@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from app.settings import PROJECT_ROOT
-from tests.support import MODEL, FakeUpstream, every_keyspace, free_port, scan, serve_process, serve_strata, strata_settings
+from tests.support import MODEL, FakeUpstream, every_keyspace, free_port, scan, serve_process, serve_strata, stop_process, strata_settings
 
 LAUNCHER = str(PROJECT_ROOT / "redis-stack" / "redis-stack.sh")
 
@@ -241,8 +241,7 @@ def test_sigterm_lets_the_request_in_flight_finish_and_keeps_its_write(
     try:
         assert post(url, "in flight").headers["x-cache"] == "exact-hit"
     finally:
-        process.terminate()
-        process.wait(timeout=30)
+        stop_process(process)
 
 
 def test_only_requests_that_never_reached_the_model_are_retried(

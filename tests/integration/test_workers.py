@@ -8,7 +8,7 @@ import re
 import httpx
 import redis
 
-from tests.support import MODEL, FakeUpstream, free_port, serve_process
+from tests.support import MODEL, FakeUpstream, free_port, serve_process, stop_process
 
 
 def test_metrics_add_up_over_two_workers(redis_url: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream) -> None:
@@ -34,5 +34,4 @@ def test_metrics_add_up_over_two_workers(redis_url: str, redis_sync: redis.Redis
             assert totals == {40.0}, totals  # every scrape, whichever worker answers, sees all 40
             assert client.get("/health").json()["status"] == "ok"
     finally:
-        process.terminate()
-        process.wait(timeout=30)
+        stop_process(process)
