@@ -257,7 +257,12 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
         for task in list(resources.background):
             task.cancel()
         await asyncio.gather(*resources.background, return_exceptions=True)
-        await resources.upstream.close()
-        await resources.cache.buckets.aclose()
+        # Closing a client must not keep a worker from exiting (its peer may be gone mid-close).
+        for closing, what in ((resources.upstream.close, "upstream client"), (resources.cache.buckets.aclose, "Redis clients")):
+            try:
+                async with asyncio.timeout(5):
+                    await closing()
+            except TimeoutError:
+                logger.warning("closing the %s took more than 5 s at shutdown; left to the process's exit", what)
         if resources.semantic_parts is not None:
             resources.semantic_parts.close()
