@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from bench.replay_vllm import Arm, Result, pct, summary
+from pathlib import Path
+
+import yaml
+
+from bench.replay_vllm import Arm, Result, curated_intents, pct, summary, taught
 
 
 def test_summary_counts_only_model_answers_as_upstream_work() -> None:
@@ -20,3 +24,15 @@ def test_summary_counts_only_model_answers_as_upstream_work() -> None:
     assert abs(row["mean"] - (4.0 + 0.002 + 0.01 + 6.0) / 4) < 1e-9
     assert row["ttft_p50"] == 0.4 and row["prefix_ratio"] == 0.5  # TTFT of model answers only
     assert pct([1.0, 2.0, 3.0, 4.0], 0.5) == 3.0 and pct([], 0.5) != pct([], 0.5)  # empty: NaN
+
+
+def test_an_intents_file_names_the_intent_of_each_curated_answer_and_of_each_taught_question(tmp_path: Path) -> None:
+    team = tmp_path / "team.yaml"
+    team.write_text(yaml.safe_dump([
+        {"intent": "balance", "phrasings": ["what is my balance", "how much money do i have"], "answer": "Balance: see guide 1."},
+        {"intent": "calories", "phrasings": ["calories in an apple", "how fattening is cake"], "shared": False},
+    ]), encoding="utf-8")
+    assert curated_intents(None, tmp_path / "unused.csv", str(team)) == {"Balance: see guide 1.": "balance"}
+    arm = Arm("strata", results=[Result("miss", 1.0, 0.1, 10, 10, question=q)
+                                 for q in (" what is my balance ", "calories in an apple", "balance please")])
+    assert taught(str(team), arm) == 2  # word for word (trimmed); a new wording is not taught
