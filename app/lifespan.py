@@ -208,12 +208,17 @@ async def connect_when_reachable(resources: Resources) -> None:
 
 async def follow_cluster(resources: Resources) -> None:
     """On a cluster: every few seconds, move buckets whose slot changed master (a failover)."""
+    this = asyncio.current_task()
     while True:
         await asyncio.sleep(resources.settings.redis.cluster_refresh_s)
         try:
             await resources.cache.buckets.follow()
         except (*CACHE_ERRORS, RedisClusterException) as exc:
             logger.warning("reading the cluster's slot map failed (buckets stay where they were): %r", exc)
+        # redis-py's cluster client can swallow a cancellation that lands mid-read; without this the
+        # loop went on sleeping and a worker never finished its shutdown (a task dump showed it).
+        if this is not None and this.cancelling():
+            raise asyncio.CancelledError
 
 
 async def sweep_versions_after(resources: Resources) -> None:
@@ -256,7 +261,12 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
             logger.warning("write-backs or observations still in flight at shutdown were dropped")
         for task in list(resources.background):
             task.cancel()
-        await asyncio.gather(*resources.background, return_exceptions=True)
+        try:
+            async with asyncio.timeout(5):  # a task that swallowed its cancellation must not hold the exit
+                await asyncio.gather(*resources.background, return_exceptions=True)
+        except TimeoutError:
+            logger.warning("background tasks still running 5 s after shutdown began: %s",
+                           ", ".join(t.get_name() for t in resources.background if not t.done()))
         # Closing a client must not keep a worker from exiting (its peer may be gone mid-close).
         for closing, what in ((resources.upstream.close, "upstream client"), (resources.cache.buckets.aclose, "Redis clients")):
             try:
