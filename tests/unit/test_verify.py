@@ -14,6 +14,7 @@ from app.cache.decision.verify import (
     NUMBERS_DIFFER,
     OPPOSITE_OPERATIONS,
     ORDER_DIFFERS,
+    OWNER_DIFFERS,
     VALUES_DIFFER,
     VERIFIED,
     VERIFIER_REJECTED,
@@ -45,6 +46,9 @@ analyzer = PairAnalyzer(Lexicon.load(LEXICON))
     ("怎么取消自动续费", "怎么恢复自动续费", OPPOSITE_OPERATIONS),
     ("How do I enable two-factor login?", "How do I disable two-factor login?", OPPOSITE_OPERATIONS),
     ("How do I increase my limit?", "How do I decrease my limit?", OPPOSITE_OPERATIONS),
+    ("Can you tell me my name?", "Can you tell me your name?", OWNER_DIFFERS),  # CLINC150's user_name / what_is_your_name
+    ("What's your phone number?", "What's my phone number?", OWNER_DIFFERS),
+    ("我的地址在哪里", "你们的地址在哪里", OWNER_DIFFERS),
 ])
 def test_guards_catch_mismatches_in_both_languages(asked: str, cached: str, reason: str) -> None:
     assert analyzer.signals(asked, cached).rejection == reason
@@ -57,6 +61,9 @@ def test_guards_catch_mismatches_in_both_languages(asked: str, cached: str, reas
     ("How do I reset my password?", "How can I reset my password?"),
     ("退款3天到账吗", "退款三天能到账吗"),  # 3 and 三 are the same number
     ("Can I open an account?", "Can I open a new account?"),
+    ("What is your refund policy?", "What is the refund policy?"),  # one side names no owner
+    ("Can you check my balance?", "Check my balance please"),  # "you" asks, it owns nothing
+    ("What's your return policy for my order?", "What is the return policy for my order?"),
 ])
 def test_guards_let_true_paraphrases_through(asked: str, cached: str) -> None:
     assert analyzer.signals(asked, cached).rejection is None

@@ -160,12 +160,12 @@ class Rule(Described):
 
 
 class Guards(Rule):
-    """A guard (different numbers, values, entities; negation; opposite operations; another order)
-    sets the row aside; the next row of the band is considered."""
+    """A guard (different numbers, values, entities, owners; negation; opposite operations; another
+    order) sets the row aside; the next row of the band is considered."""
 
     name = "guards"
     reasons = ("numbers_differ", "values_differ", "order_differs", "negation_differs", "opposite_operations",
-               "entities_differ")
+               "entities_differ", "owner_differs")
     reads = "both questions (schemas/verification.yaml)"
     counts = "`strata_semantic_verifications_total{decision=reject}`; nothing learnt"
 

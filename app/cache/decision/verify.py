@@ -50,6 +50,7 @@ ORDER_DIFFERS = "order_differs"
 NEGATION_DIFFERS = "negation_differs"
 OPPOSITE_OPERATIONS = "opposite_operations"
 ENTITIES_DIFFER = "entities_differ"
+OWNER_DIFFERS = "owner_differs"
 ABOVE_BAND = "above_band"
 VERIFIED = "verifier_accepted"
 VERIFIER_REJECTED = "verifier_rejected"
@@ -113,6 +114,13 @@ PROFILE_MEMO = 8192
 _CN_DIGITS = {"零": 0, "一": 1, "二": 2, "两": 2, "三": 3, "四": 4, "五": 5, "六": 6, "七": 7, "八": 8, "九": 9}
 
 
+class Owners(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Words naming whose thing a question asks about: the asker's own or the assistant's."""
+
+    asker: list[str] = msgspec.field(default_factory=list)
+    assistant: list[str] = msgspec.field(default_factory=list)
+
+
 class Lexicon(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Word lists of the guards (``schemas/verification.yaml``)."""
 
@@ -120,6 +128,7 @@ class Lexicon(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     opposites: list[tuple[str, str]]
     entities: list[list[str]]
     function_words: list[str]
+    owners: Owners = msgspec.field(default_factory=Owners)
 
     @classmethod
     def load(cls, path: Path) -> Lexicon:
@@ -130,6 +139,9 @@ class Lexicon(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
 
 
 _WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
+# Whose thing a question asks about (``owners`` in schemas/verification.yaml).
+ASKER = "asker"
+ASSISTANT = "assistant"
 
 
 class _Terms:
@@ -178,6 +190,7 @@ class Signals(msgspec.Struct, frozen=True):
     entities_differ: bool
     values_differ: bool = False
     order_differs: bool = False
+    owner_differs: bool = False
 
     @property
     def rejection(self) -> str | None:
@@ -188,6 +201,7 @@ class Signals(msgspec.Struct, frozen=True):
             (NEGATION_DIFFERS, self.negation_differs),
             (OPPOSITE_OPERATIONS, self.opposite_operations),
             (ENTITIES_DIFFER, self.entities_differ),
+            (OWNER_DIFFERS, self.owner_differs),
         ):
             if found:
                 return reason
@@ -213,6 +227,7 @@ class Profile(msgspec.Struct, frozen=True):
     negations: int
     operations: frozenset[str]
     entities: frozenset[int]
+    owners: frozenset[str]
     tokens: frozenset[str]
     grams: tuple[frozenset[str], frozenset[str], frozenset[str]]
     bigram_sequence: tuple[str, ...]
@@ -234,6 +249,7 @@ class PairAnalyzer:
                 self._entity_of[name.lower()] = group_id
         self._entities = _Terms(list(self._entity_of))
         self._function_words = {w.lower() for w in lexicon.function_words}
+        self._owners = {ASKER: _Terms(lexicon.owners.asker), ASSISTANT: _Terms(lexicon.owners.assistant)}
         # A lookup profiles the asked question once per candidate, and cached questions come back
         # request after request: profiles are frozen, so recent ones are kept (per worker).
         self.profile = functools.lru_cache(maxsize=PROFILE_MEMO)(self._profile)
@@ -253,6 +269,7 @@ class PairAnalyzer:
             negations=len(self._negation.find(text, words)),
             operations=frozenset(self._operations.find(text, words)),
             entities=frozenset(self._entity_of[m] for m in self._entities.find(text, words)),
+            owners=frozenset(owner for owner, terms in self._owners.items() if terms.find(text, words)),
             tokens=frozenset(t for t in _TOKEN.findall(text) if t not in self._function_words),
             grams=(_grams(compact, 1), _grams(compact, 2), _grams(compact, 3)),
             bigram_sequence=tuple(compact[i : i + 2] for i in range(len(compact) - 1)),
@@ -331,6 +348,8 @@ class PairAnalyzer:
             entities_differ=asked.entities != cached.entities,
             values_differ=values_differ,
             order_differs=not numbers_differ and not values_differ and _order_differs(asked, cached),
+            # Each side names one owner, another one: "what is my name" / "what is your name".
+            owner_differs=len(asked.owners) == 1 and len(cached.owners) == 1 and asked.owners != cached.owners,
         )
 
     def signals(self, asked: str, cached: str) -> Signals:
