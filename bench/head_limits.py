@@ -1,0 +1,232 @@
+"""What limits the default (USE) intent head's reach (issue #46; docs/QUALITY.md, "What limits the
+USE head's reach"). Offline, on the team files of ``python -m bench.intents`` (``.run/replay``),
+vectors kept in ``.run/vectors`` as ``bench.intent_embedders`` keeps them.
+
+    python -m bench.head_limits beyond [--teams bank clinc]       # the rule looking beyond the band
+    python -m bench.head_limits sources [--teams clinc]            # where the held-out wrong readings come from
+    python -m bench.head_limits confidences [--teams bank clinc] [--mlp]   # other confidences, out-of-scope gates
+
+``beyond``: each team file calibrated as ``strata intents load`` does, in the band only and beyond
+it, then the intent rule alone replayed on the test streams (s0-s2), as ``bench.intent_embedders``
+replays it. ``sources``: the load's held-out folds, per threshold, the wrong readings split into
+phrasings of the hidden intents (standing for out-of-scope questions) and label mismatches.
+``confidences``: the same folds, each phrasing read once (no neighbours), and for each way of
+ranking the readings the largest share of phrasings served at 1% wrong in hindsight, an upper
+bound on what any calibration of that ranking could certify.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from app.cache.decision.verify import load_verifier
+from app.cache.learning.intents import (
+    EPOCHS,
+    OF_INTENT,
+    UNKNOWN_SHARE,
+    calibrate,
+    fit_softmax,
+    folds_for,
+    held_out_folds,
+    predict,
+    rule_outcomes,
+)
+from app.embed import load_encoder
+from app.settings import Settings
+from bench.intent_embedders import FLOOR, NEAREST, REPLAY, embed
+
+BOUND = 0.01
+SOURCES_THRESHOLDS = (0.8, 0.9, 0.95, 0.978, 0.99)
+GATE_QUANTILES = (0.02, 0.05, 0.10)
+HEADERS = {
+    "beyond": "| team | the rule looks at | threshold | held-out served (wrong) | captured, s0 / s1 / s2 |\n"
+              "|---|---|---|---|---|",
+    "sources": "| team | threshold | held-out served | wrong | of hidden intents | label mismatches (share of the rest) |\n"
+               "|---|---|---|---|---|---|",
+    "confidences": "| team | confidence | most served at 1% wrong (hindsight) |\n|---|---|---|",
+}
+
+
+class Team:
+    """A team file's phrasings, labels and USE vectors."""
+
+    def __init__(self, name: str, encoder: object) -> None:
+        rows = list(csv.DictReader((REPLAY / f"{name}-train.csv").open(encoding="utf-8-sig")))
+        self.name = name
+        self.texts = [r["text"] for r in rows]
+        self.intents = list(dict.fromkeys(r["intent"] for r in rows))
+        self.labels = np.array([self.intents.index(r["intent"]) for r in rows])
+        self.vectors = embed(encoder, self.texts, f"{name}-train")[0]  # type: ignore[arg-type]
+
+
+def beyond(team: Team, encoder: object, refused: Callable[[str, str], bool]) -> None:
+    weights, bias = fit_softmax(team.vectors, team.labels, len(team.intents))
+    for beyond_band in (False, True):
+        calibration = calibrate(team.vectors, team.labels, len(team.intents), BOUND, FLOOR, near=team.vectors,
+                                beyond_band=beyond_band,
+                                refused=lambda a, b: refused(team.texts[a], team.texts[b]))
+        t = calibration.threshold
+        captured = []
+        for seed in (0, 1, 2):
+            stream = [json.loads(line) for line in
+                      (REPLAY / f"{team.name}-test3000-s{seed}.jsonl").read_text().splitlines()]
+            asked, truth = [r["text"] for r in stream], [r["label"] for r in stream]
+            x = embed(encoder, asked, f"{team.name}-s{seed}")[0]  # type: ignore[arg-type]
+            read, sure = predict(weights, bias, x)
+            seen_texts: set[str] = set()
+            seen_labels: set[str] = set()
+            fresh, perfect = [], 0
+            for i, (text, tag) in enumerate(zip(asked, truth, strict=True)):
+                if text in seen_texts:
+                    continue
+                fresh.append(i)
+                perfect += tag in seen_labels and not tag.startswith("oos:")
+                seen_texts.add(text)
+                seen_labels.add(tag)
+            order = np.array(fresh)
+            right = 0
+            for i in order:
+                earlier = order[order < i]
+                if sure[i] < t or not len(earlier):
+                    continue
+                nearest = earlier[np.argsort(-(x[earlier] @ x[i]))[:NEAREST]]
+                match = [j for j in nearest if x[j] @ x[i] >= FLOOR and not refused(asked[i], asked[j])
+                         and read[j] == read[i] and sure[j] >= t]
+                if not match and beyond_band and not any(read[j] == read[i] and x[j] @ x[i] >= FLOOR for j in nearest):
+                    same = earlier[(read[earlier] == read[i]) & (sure[earlier] >= t)]
+                    ranked = same[np.argsort(-(x[same] @ x[i]))[:OF_INTENT]]
+                    match = [j for j in ranked if not refused(asked[i], asked[j])]
+                if match and truth[match[0]] == truth[i] and not truth[i].startswith("oos:"):
+                    right += 1
+            captured.append(right / max(1, perfect))
+        print(f"| {team.name} | {'beyond the band' if beyond_band else 'the band'} | {t:.3f} | "
+              f"{calibration.served_share:.1%} ({calibration.held_out_wrong:.2%}) | "
+              f"{' / '.join(f'{c:.2f}' for c in captured)} |", flush=True)
+
+
+def sources(team: Team, refused: Callable[[str, str], bool]) -> None:
+    fold = held_out_folds(team.vectors, team.labels, len(team.intents), FLOOR,
+                          refused=lambda a, b: refused(team.texts[a], team.texts[b]))[0]
+    for t in SOURCES_THRESHOLDS:
+        served, wrong = rule_outcomes(fold, t)
+        hidden = int((served & fold.unknown).sum())
+        mismatched = int((wrong & ~fold.unknown).sum())
+        print(f"| {team.name} | {t} | {served.mean():.1%} | {int(wrong.sum())} ({wrong.sum() / max(1, served.sum()):.2%}) | "
+              f"{hidden} | {mismatched} ({mismatched / max(1, int(served.sum()) - hidden):.2%}) |", flush=True)
+
+
+def confidences(team: Team, mlp: bool) -> None:
+    """The load's folds (as ``held_out_folds`` cuts them), each phrasing read once."""
+    x, labels, classes = team.vectors, team.labels, len(team.intents)
+    folds, rng = folds_for(len(labels)), np.random.default_rng(0)
+    fold_of = np.empty(len(labels), dtype=int)
+    for label in range(classes):
+        members = np.flatnonzero(labels == label)
+        rng.shuffle(members)
+        fold_of[members] = (np.arange(len(members)) + rng.integers(folds)) % folds
+    order, held = rng.permutation(classes), math.floor(UNKNOWN_SHARE * classes)
+    n = len(labels)
+    scores: dict[str, np.ndarray] = {}
+    reads: dict[str, np.ndarray] = {}
+    unknown = np.zeros(n, dtype=bool)
+
+    def put(name: str, rows: np.ndarray, read: np.ndarray, score: np.ndarray) -> None:
+        scores.setdefault(name, np.zeros(n))[rows] = score
+        reads.setdefault(name, np.zeros(n, dtype=int))[rows] = read
+
+    fitting = 0.0
+    for fold in range(folds):
+        start = (fold * held) % classes
+        hidden = np.isin(labels, order[start:start + held])
+        train, test = (fold_of != fold) & ~hidden, np.flatnonzero(fold_of == fold)
+        unknown[test] = hidden[test]
+        weights, bias = fit_softmax(x[train], labels[train], classes, epochs=EPOCHS, seed=0)
+        logits = x[test] @ weights + bias
+        p = np.exp(logits - logits.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        best, second = np.argsort(-p, axis=1)[:, 0], np.argsort(-p, axis=1)[:, 1]
+        top = p[np.arange(len(test)), best]
+        put("softmax", test, best, top)
+        put("margin of the two best intents", test, best, top - p[np.arange(len(test)), second])
+        nearest = np.argsort(-(x[test] @ x[train].T), axis=1)[:, :10]
+        agree = (labels[train][nearest] == best[:, None]).mean(axis=1)
+        put("share of the 10 nearest phrasings read so", test, best, agree + 1e-3 * top)
+        centroids = np.zeros((classes, x.shape[1]))
+        for c in range(classes):
+            if (train & (labels == c)).any():
+                centroids[c] = x[train & (labels == c)].mean(axis=0)
+        unit = centroids / np.maximum(1e-9, np.linalg.norm(centroids, axis=1, keepdims=True))
+        residual = x[train] - centroids[labels[train]]
+        precision = np.linalg.inv(residual.T @ residual / len(residual) + 1e-3 * np.eye(x.shape[1]))
+        offset = x[test] - centroids[best]
+        put("gate: centroid cosine", test, best, np.einsum("ij,ij->i", x[test], unit[best]))
+        put("gate: Mahalanobis", test, best, -np.einsum("ij,jk,ik->i", offset, precision, offset))
+        put("gate: nearest phrasing", test, best,
+            np.array([(x[train & (labels == b)] @ x[i]).max() for i, b in zip(test, best, strict=True)]))
+        if mlp:
+            from sklearn.neural_network import MLPClassifier
+
+            started = time.monotonic()
+            model = MLPClassifier(hidden_layer_sizes=(512,), alpha=1e-4, max_iter=60, random_state=0)
+            model.fit(x[train], labels[train])
+            fitting += time.monotonic() - started
+            q, known = model.predict_proba(x[test]), model.classes_
+            put("MLP (512 hidden)", test, known[q.argmax(axis=1)], q.max(axis=1))
+            averaged = 0.5 * p[:, known] + 0.5 * q
+            put("MLP and softmax averaged", test, known[averaged.argmax(axis=1)], averaged.max(axis=1))
+
+    def most_served(score: np.ndarray, read: np.ndarray, eligible: np.ndarray) -> float:
+        wrong = unknown | (read != labels)
+        ranked = np.argsort(-np.where(eligible, score, -np.inf))
+        ranked = ranked[eligible[ranked]]
+        share = np.cumsum(wrong[ranked]) / np.arange(1, len(ranked) + 1)
+        within = np.flatnonzero(share <= BOUND)
+        return (within.max() + 1) / n if len(within) else 0.0
+
+    everyone = np.ones(n, dtype=bool)
+    for name in scores:
+        if name.startswith("gate: "):
+            for q in GATE_QUANTILES:
+                gate = scores[name] >= np.quantile(scores[name][~unknown], q)
+                served = most_served(scores["softmax"], reads["softmax"], gate)
+                print(f"| {team.name} | softmax, {name[6:]} gate at the in-scope {q:.0%} quantile | {served:.1%} |")
+        else:
+            print(f"| {team.name} | {name} | {most_served(scores[name], reads[name], everyone):.1%} |")
+    if mlp:
+        print(f"MLP fitting: {fitting:.0f} s over {folds} folds", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("study", choices=("beyond", "sources", "confidences"))
+    parser.add_argument("--teams", nargs="+", default=["bank", "clinc"])
+    parser.add_argument("--mlp", action="store_true", help="confidences: also an MLP head (scikit-learn)")
+    args = parser.parse_args(argv)
+    encoder = load_encoder("use-multilingual")
+    verifier = load_verifier(Settings.from_env())
+
+    def refused(asked: str, cached: str) -> bool:
+        return verifier.guard(asked, cached) is not None
+
+    print(HEADERS[args.study])
+    for name in args.teams:
+        team = Team(name, encoder)
+        if args.study == "beyond":
+            beyond(team, encoder, refused)
+        elif args.study == "sources":
+            sources(team, refused)
+        else:
+            confidences(team, args.mlp)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
