@@ -55,6 +55,19 @@ HEADERS = {
 }
 
 
+def most_served(score: np.ndarray, misread: np.ndarray, unknown: np.ndarray, eligible: np.ndarray,
+                bound: float = BOUND) -> float:
+    """The largest share of all phrasings a threshold on ``score`` serves (among the ``eligible``)
+    with at most ``bound`` of them wrong (misread, or of an intent the head did not know), in
+    hindsight: the threshold is picked knowing the labels."""
+    wrong = unknown | misread
+    ranked = np.argsort(-np.where(eligible, score, -np.inf), kind="stable")
+    ranked = ranked[eligible[ranked]]
+    share = np.cumsum(wrong[ranked]) / np.arange(1, len(ranked) + 1)
+    within = np.flatnonzero(share <= bound)
+    return (within.max() + 1) / len(score) if len(within) else 0.0
+
+
 class Team:
     """A team file's phrasings, labels and USE vectors."""
 
@@ -183,23 +196,16 @@ def confidences(team: Team, mlp: bool) -> None:
             averaged = 0.5 * p[:, known] + 0.5 * q
             put("MLP and softmax averaged", test, known[averaged.argmax(axis=1)], averaged.max(axis=1))
 
-    def most_served(score: np.ndarray, read: np.ndarray, eligible: np.ndarray) -> float:
-        wrong = unknown | (read != labels)
-        ranked = np.argsort(-np.where(eligible, score, -np.inf))
-        ranked = ranked[eligible[ranked]]
-        share = np.cumsum(wrong[ranked]) / np.arange(1, len(ranked) + 1)
-        within = np.flatnonzero(share <= BOUND)
-        return (within.max() + 1) / n if len(within) else 0.0
-
     everyone = np.ones(n, dtype=bool)
     for name in scores:
         if name.startswith("gate: "):
             for q in GATE_QUANTILES:
                 gate = scores[name] >= np.quantile(scores[name][~unknown], q)
-                served = most_served(scores["softmax"], reads["softmax"], gate)
+                served = most_served(scores["softmax"], reads["softmax"] != labels, unknown, gate)
                 print(f"| {team.name} | softmax, {name[6:]} gate at the in-scope {q:.0%} quantile | {served:.1%} |")
         else:
-            print(f"| {team.name} | {name} | {most_served(scores[name], reads[name], everyone):.1%} |")
+            served = most_served(scores[name], reads[name] != labels, unknown, everyone)
+            print(f"| {team.name} | {name} | {served:.1%} |")
     if mlp:
         print(f"MLP fitting: {fitting:.0f} s over {folds} folds", file=sys.stderr)
 

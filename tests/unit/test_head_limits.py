@@ -1,0 +1,28 @@
+"""The arithmetic of issue #46's head-limits bench: the most a confidence serves at the bound."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bench.head_limits import most_served
+
+
+def test_most_served_takes_the_longest_prefix_by_confidence_within_the_bound() -> None:
+    score = np.array([0.9, 0.8, 0.7, 0.6, 0.5])
+    misread = np.array([False, False, True, False, True])
+    unknown = np.zeros(5, dtype=bool)
+    everyone = np.ones(5, dtype=bool)
+    # By confidence: right, right, wrong (1 of 3), right (1 of 4), wrong (2 of 5).
+    assert most_served(score, misread, unknown, everyone, bound=0.25) == 4 / 5
+    assert most_served(score, misread, unknown, everyone, bound=0.2) == 2 / 5
+    assert most_served(score, misread, unknown, everyone, bound=0.4) == 1.0
+
+
+def test_an_unknown_intent_served_is_wrong_and_a_gate_shares_of_all_phrasings() -> None:
+    score = np.array([0.9, 0.8, 0.7, 0.6])
+    misread = np.zeros(4, dtype=bool)
+    unknown = np.array([True, False, False, False])
+    assert most_served(score, misread, unknown, np.ones(4, dtype=bool), bound=0.0) == 0.0
+    # The gate sets the unknown phrasing aside; the share stays of all four phrasings.
+    gate = np.array([False, True, True, True])
+    assert most_served(score, misread, unknown, gate, bound=0.0) == 3 / 4
