@@ -74,6 +74,9 @@ class AdaptiveSemantic(_Semantic, frozen=True, kw_only=True, forbid_unknown_fiel
     entry_confirmations: Annotated[int, Meta(ge=0, le=1_000)] = 0
     entry_floor: Annotated[float, Meta(ge=0.0, le=1.5)] = 0.75
     entry_margin: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.06
+    # The decision score reads the mean similarity of the candidate entry's this many nearest
+    # documents among the candidates (1: the nearest one's): an entry's phrasings as a set.
+    score_phrasings: Annotated[int, Meta(ge=1, le=8)] = 1
     # A reader of the grey zone (app/cache/readers: STRATA_JUDGE_URL, `--judge` in a simulated
     # replay): "serve" asks it, with a deadline, about a candidate the pool and the record refused,
     # and serves on its yes where its yes was measured wrong less often than the bound; elsewhere

@@ -8,7 +8,17 @@ import msgspec
 import numpy as np
 import pytest
 
-from app.cache.decision.stats import PooledCounts, decision_score, entry_record_fields, entry_vouches, score_bin, wilson_upper, within_bound
+from app.cache.decision.stats import (
+    SET_SHORTFALL,
+    PooledCounts,
+    decision_score,
+    entry_record_fields,
+    entry_vouches,
+    score_bin,
+    set_similarity,
+    wilson_upper,
+    within_bound,
+)
 from app.cache.decision.verify import Lexicon, PairAnalyzer
 from app.cache.learning.learner import AnswerLearner
 from app.policy import AdaptiveSemantic
@@ -21,6 +31,14 @@ def test_score_adds_half_the_margin_over_the_nearest_other_answer() -> None:
     assert decision_score(0.9, 0.7, 0.6) == pytest.approx(1.0)
     assert decision_score(0.9, None, 0.6) == pytest.approx(1.05)  # no other answer near: floor
     assert decision_score(0.9, 0.95, 0.6) == pytest.approx(0.9)  # never below the similarity
+
+
+def test_an_entrys_phrasings_as_a_set_read_its_nearest_few() -> None:
+    assert set_similarity([0.9, 0.7, 0.8, 0.5], 1) == pytest.approx(0.9)  # the nearest one
+    assert set_similarity([0.9, 0.7, 0.8, 0.5], 3) == pytest.approx(0.8)  # the mean of the three nearest
+    # One close phrasing of an entry with no other near vouches for less than three close ones.
+    assert set_similarity([0.9], 3) == pytest.approx(0.9 - 2 * SET_SHORTFALL)
+    assert set_similarity([0.9, 0.85], 3) == pytest.approx(0.85 - SET_SHORTFALL)
     assert score_bin(0.873) == 87 and score_bin(9.0) == 159 and score_bin(-1.0) == 0
 
 

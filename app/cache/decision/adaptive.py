@@ -35,6 +35,7 @@ from app.cache.decision.stats import (
     decision_score,
     rule_figures,
     score_bin,
+    set_similarity,
     wilson_upper,
     z_of,
 )
@@ -138,7 +139,9 @@ class AdaptiveDecision:
             check_row(row)
             root = root_of(row)
             others = [other.similarity for other in rows if root_of(other) != root]
-            score = decision_score(row.similarity, max(others) if others else None, policy.threshold)
+            own = [other.similarity for other in rows if root_of(other) == root]
+            score = decision_score(set_similarity(own, policy.score_phrasings), max(others) if others else None,
+                                   policy.threshold)
             facts = Facts(query=query, question=question, row=row, root=root, score=score,
                           score_bin=score_bin(score), pool=pool, asked_intent=asked_intent)
             ruling = await self._rule(facts)

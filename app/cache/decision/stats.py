@@ -45,6 +45,9 @@ from app.policy import AdaptiveSemantic
 # Score bins are hundredths; a score stays below 1.5 (similarity <= 1, half a margin <= 0.5).
 BINS = 160
 MARGIN_WEIGHT = 0.5
+# An entry with fewer documents among the candidates than ``score_phrasings`` asks for: each one
+# missing costs this much of the similarity (few phrasings near a question vouch for less).
+SET_SHORTFALL = 0.02
 # How long a worker reuses the pooled counts it read: the hit path costs no extra round trip
 # per request, and other workers' observations arrive within this delay.
 POOLED_REFRESH_S = 1.0
@@ -62,6 +65,19 @@ READER_BASE_BAND = 2
 # reader wrong on a fifth of pairs, where most candidates are right, has a wrong yes at about
 # the bound; at 85% it passed by chance (docs/QUALITY.md). About 270 clean yes at 1%.
 READER_CONFIDENCE = 0.95
+
+
+def set_similarity(similarities: Sequence[float], size: int) -> float:
+    """How close a question is to an entry's phrasings as a set: the mean similarity of the
+    entry's ``size`` nearest documents among the candidates; with fewer there, the least similar of
+    them less :data:`SET_SHORTFALL` for each one missing. ``size`` 1: the nearest document's.
+
+    An entry gathers phrasings (aliases) as it is confirmed, so the nearest of them comes ever
+    closer to any question, its twins' too; a mean over several drifts less (docs/QUALITY.md)."""
+    nearest = sorted(similarities, reverse=True)[:size]
+    if len(nearest) >= size:
+        return sum(nearest) / size
+    return min(nearest) - SET_SHORTFALL * (size - len(nearest))
 
 
 def decision_score(similarity: float, other_answer_similarity: float | None, floor: float) -> float:
