@@ -41,7 +41,7 @@ from app.cache.learning.intents import (
 )
 from app.embed import load_encoder
 from app.settings import Settings
-from bench.intent_embedders import FLOOR, NEAREST, REPLAY, embed
+from bench.intent_embedders import FLOOR, NEAREST, REPLAY, embed, first_askings
 
 BOUND = 0.01
 SOURCES_THRESHOLDS = (0.8, 0.9, 0.95, 0.978, 0.99)
@@ -94,17 +94,7 @@ def beyond(team: Team, encoder: object, refused: Callable[[str, str], bool]) -> 
             asked, truth = [r["text"] for r in stream], [r["label"] for r in stream]
             x = embed(encoder, asked, f"{team.name}-s{seed}")[0]  # type: ignore[arg-type]
             read, sure = predict(weights, bias, x)
-            seen_texts: set[str] = set()
-            seen_labels: set[str] = set()
-            fresh, perfect = [], 0
-            for i, (text, tag) in enumerate(zip(asked, truth, strict=True)):
-                if text in seen_texts:
-                    continue
-                fresh.append(i)
-                perfect += tag in seen_labels and not tag.startswith("oos:")
-                seen_texts.add(text)
-                seen_labels.add(tag)
-            order = np.array(fresh)
+            order, perfect = first_askings(asked, truth)
             right = 0
             for i in order:
                 earlier = order[order < i]

@@ -57,6 +57,22 @@ def embed(encoder: Encoder | LocalModelVectors, texts: list[str], saved: str) ->
     return vectors, time.monotonic() - started
 
 
+def first_askings(asked: list[str], truth: list[str]) -> tuple[np.ndarray, int]:
+    """The indices of a stream's questions not asked before (word for word), and how many of them
+    a perfect cache serves semantically (their label asked before, not out of scope)."""
+    seen_texts: set[str] = set()
+    seen_labels: set[str] = set()
+    fresh, perfect = [], 0
+    for i, (text, tag) in enumerate(zip(asked, truth, strict=True)):
+        if text in seen_texts:
+            continue
+        fresh.append(i)
+        perfect += tag in seen_labels and not tag.startswith("oos:")
+        seen_texts.add(text)
+        seen_labels.add(tag)
+    return np.array(fresh), perfect
+
+
 def reading_cost(questions: int = 160, concurrency: int = 16) -> int:
     """What the head's reading adds to a lookup with EmbeddingGemma as ``STRATA_INTENT_EMBEDDER``
     serves it (batched, 1 torch thread): milliseconds for a question not read before, one at a
@@ -134,17 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                 x, spent_stream = embed(encoder, asked, f"{team}-s{seed}")
                 near = x if index is encoder else embed(index, asked, f"{team}-s{seed}")[0]
                 read, sure = predict(weights, bias, x)
-                seen_texts: set[str] = set()
-                seen_labels: set[str] = set()
-                fresh, perfect = [], 0
-                for i, (text, tag) in enumerate(zip(asked, truth, strict=True)):
-                    if text in seen_texts:
-                        continue
-                    fresh.append(i)
-                    perfect += tag in seen_labels and not tag.startswith("oos:")
-                    seen_texts.add(text)
-                    seen_labels.add(tag)
-                order = np.array(fresh)
+                order, perfect = first_askings(asked, truth)
                 served = wrong = right = 0
                 t = calibration.threshold
                 for i in order:

@@ -26,3 +26,13 @@ def test_an_unknown_intent_served_is_wrong_and_a_gate_shares_of_all_phrasings() 
     # The gate sets the unknown phrasing aside; the share stays of all four phrasings.
     gate = np.array([False, True, True, True])
     assert most_served(score, misread, unknown, gate, bound=0.0) == 3 / 4
+
+
+def test_first_askings_skip_word_for_word_repeats_and_count_what_a_perfect_cache_serves() -> None:
+    from bench.intent_embedders import first_askings
+
+    asked = ["how do i pay", "how do i pay", "paying how", "lost card", "oos one", "oos two"]
+    truth = ["pay", "pay", "pay", "lost", "oos:oos one", "oos:oos two"]
+    order, perfect = first_askings(asked, truth)
+    assert order.tolist() == [0, 2, 3, 4, 5]
+    assert perfect == 1  # "paying how": its label asked before; out-of-scope questions never count
