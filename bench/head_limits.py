@@ -5,6 +5,7 @@ vectors kept in ``.run/vectors`` as ``bench.intent_embedders`` keeps them.
     python -m bench.head_limits beyond [--teams bank clinc]       # the rule looking beyond the band
     python -m bench.head_limits sources [--teams clinc]            # where the held-out wrong readings come from
     python -m bench.head_limits confidences [--teams bank clinc] [--mlp]   # other confidences, out-of-scope gates
+    python -m bench.head_limits pairs [--teams bank clinc]         # where a prior on similarity alone could start
 
 ``beyond``: each team file calibrated as ``strata intents load`` does, in the band only and beyond
 it, then the intent rule alone replayed on the test streams (s0-s2), as ``bench.intent_embedders``
@@ -12,7 +13,9 @@ replays it. ``sources``: the load's held-out folds, per threshold, the wrong rea
 phrasings of the hidden intents (standing for out-of-scope questions) and label mismatches.
 ``confidences``: the same folds, each phrasing read once (no neighbours), and for each way of
 ranking the readings the largest share of phrasings served at 1% wrong in hindsight, an upper
-bound on what any calibration of that ranking could certify.
+bound on what any calibration of that ranking could certify. ``pairs``: among every pair of the
+team's phrasings at a cosine of at least t, the share of two intents (no guards): where an
+adaptive category's prior (``accept_above``) could start, read on the team's own file.
 """
 
 from __future__ import annotations
@@ -46,12 +49,15 @@ from bench.intent_embedders import FLOOR, NEAREST, REPLAY, embed, first_askings
 BOUND = 0.01
 SOURCES_THRESHOLDS = (0.8, 0.9, 0.95, 0.978, 0.99)
 GATE_QUANTILES = (0.02, 0.05, 0.10)
+PRIOR_STARTS = (0.85, 0.88, 0.90, 0.92, 0.95)
 HEADERS = {
     "beyond": "| team | the rule looks at | threshold | held-out served (wrong) | captured, s0 / s1 / s2 |\n"
               "|---|---|---|---|---|",
     "sources": "| team | threshold | held-out served | wrong | of hidden intents | label mismatches (share of the rest) |\n"
                "|---|---|---|---|---|---|",
     "confidences": "| team | confidence | most served at 1% wrong (hindsight) |\n|---|---|---|",
+    "pairs": "| team's file | pairs at t = " + " | ".join(f"{t:.2f}" for t in (PRIOR_STARTS)) + " |\n|---|"
+             + "---|" * len(PRIOR_STARTS),
 }
 
 
@@ -66,6 +72,29 @@ def most_served(score: np.ndarray, misread: np.ndarray, unknown: np.ndarray, eli
     share = np.cumsum(wrong[ranked]) / np.arange(1, len(ranked) + 1)
     within = np.flatnonzero(share <= bound)
     return (within.max() + 1) / len(score) if len(within) else 0.0
+
+
+def two_intent_shares(vectors: np.ndarray, labels: np.ndarray, starts: tuple[float, ...],
+                      block: int = 1000) -> list[tuple[int, float]]:
+    """For each start t: how many pairs of phrasings have a cosine of at least t, and the share of
+    them whose two phrasings are of two intents. Each unordered pair counts once; in blocks, so
+    15,000 phrasings never need their whole similarity matrix at once."""
+    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    found, mixed = np.zeros(len(starts), dtype=np.int64), np.zeros(len(starts), dtype=np.int64)
+    for first in range(0, len(unit), block):
+        similar = unit[first:first + block] @ unit.T
+        rows = np.arange(similar.shape[0])
+        similar[rows[:, None] + first >= np.arange(len(unit))[None, :]] = -np.inf  # each pair once
+        for k, start in enumerate(starts):
+            row, column = np.nonzero(similar >= start)
+            found[k] += len(row)
+            mixed[k] += int(np.count_nonzero(labels[first + row] != labels[column]))
+    return [(int(n), float(m) / n if n else 0.0) for n, m in zip(found, mixed, strict=True)]
+
+
+def pairs(team: Team) -> None:
+    cells = " | ".join(f"{share:.2%} of {n:,}" for n, share in two_intent_shares(team.vectors, team.labels, PRIOR_STARTS))
+    print(f"| {team.name} | {cells} |")
 
 
 class Team:
@@ -202,7 +231,7 @@ def confidences(team: Team, mlp: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("study", choices=("beyond", "sources", "confidences"))
+    parser.add_argument("study", choices=("beyond", "sources", "confidences", "pairs"))
     parser.add_argument("--teams", nargs="+", default=["bank", "clinc"])
     parser.add_argument("--mlp", action="store_true", help="confidences: also an MLP head (scikit-learn)")
     args = parser.parse_args(argv)
@@ -219,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
             beyond(team, encoder, refused)
         elif args.study == "sources":
             sources(team, refused)
+        elif args.study == "pairs":
+            pairs(team)
         else:
             confidences(team, args.mlp)
     return 0

@@ -36,3 +36,16 @@ def test_first_askings_skip_word_for_word_repeats_and_count_what_a_perfect_cache
     order, perfect = first_askings(asked, truth)
     assert order.tolist() == [0, 2, 3, 4, 5]
     assert perfect == 1  # "paying how": its label asked before; out-of-scope questions never count
+
+
+def test_two_intent_shares_count_each_pair_once_and_the_mixed_ones() -> None:
+    from bench.head_limits import two_intent_shares
+
+    # Two phrasings of intent 0 close together, one of intent 1 close to the first, one far away.
+    vectors = np.array([[1.0, 0.0], [0.99, 0.141], [0.95, -0.312], [0.0, 1.0]])
+    labels = np.array([0, 0, 1, 2])
+    (near, near_mixed), (close, close_mixed), (everything, all_mixed) = two_intent_shares(
+        vectors, labels, (0.98, 0.89, -1.0), block=3)
+    assert (near, near_mixed) == (1, 0.0)                     # only the two of intent 0
+    assert close == 3 and abs(close_mixed - 2 / 3) < 1e-9     # and intent 1's phrasing with each of them
+    assert everything == 6 and abs(all_mixed - 5 / 6) < 1e-9  # 4 phrasings, 6 pairs, 1 of one intent
