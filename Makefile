@@ -76,7 +76,8 @@ QWEN_UPSTREAM = STRATA_JUDGE_PORT=$(VLLM_PORT) STRATA_JUDGE_DIR=$(RUN)/qwen PYTH
 # sequence at a time, so a judge on the answering server queued reads beside answers and made
 # misses slower than the model alone (issue #46: mean 1.41x, P99 1.64x of direct; with the judge
 # unreachable 0.89x / 1.08x). A judge of its own: STRATA_JUDGE_URL=http://HOST:PORT/v1.
-QWEN_STRATA_ENV = $(if $(STRATA_JUDGE_URL),STRATA_JUDGE_URL=$(STRATA_JUDGE_URL))
+# For the same reason it asks no check of a served hit after the response (STRATA_MAX_HIT_CHECKS=0).
+QWEN_STRATA_ENV = STRATA_MAX_HIT_CHECKS=0 $(if $(STRATA_JUDGE_URL),STRATA_JUDGE_URL=$(STRATA_JUDGE_URL))
 # Extra environment of the Strata process (VAR=value ...).
 STRATA_ENV ?=
 # The console's admin token (made 0600 by the first `make up`; `strata admin-token rotate` replaces

@@ -295,7 +295,8 @@ def pipeline_over(parts: CacheParts, settings: Settings, upstream: Upstream, met
     """The request path over a cache: lookups, single flight, the relay and the write-back."""
     relay = Relay(upstream, parts.cache, metrics, parts.caps)
     return ChatPipeline(limits=settings.limits, cache=parts.cache, relay=relay, metrics=metrics,
-                        flight=parts.flight, caps=parts.caps, ids=ids, recent=recent)
+                        flight=parts.flight, caps=parts.caps, ids=ids, recent=recent,
+                        max_checks=settings.semantic.max_hit_checks)
 
 
 async def reconcile(redis: Redis, versions: VersionTag, semantic: SemanticCache | None) -> str:

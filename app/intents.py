@@ -29,6 +29,7 @@ from app.cache.storage.keys import (
     FIELD_CATEGORY,
     FIELD_EMBEDDING,
     FIELD_INTENT,
+    FIELD_INTENT_CHECKED,
     FIELD_INTENT_CONFIDENCE,
     FIELD_QUESTION,
     FIELD_ROOT,
@@ -368,8 +369,10 @@ async def label_documents(cache: object, head: IntentHead, tag: str, page: int =
                     questions = [str(as_text(row.get(FIELD_QUESTION)) or "") for row, _ in model_rows]
                     predicted, confidence = head.predict(await reader.vectors(questions, vectors))
                     for (row, _), i, sure in zip(model_rows, predicted, confidence, strict=True):
-                        pipe.hset(row["id"], mapping={FIELD_INTENT: meta.intents[int(i)],
-                                                      FIELD_INTENT_CONFIDENCE: round(float(sure), 4)})
+                        intent = meta.intents[int(i)]
+                        pipe.hset(row["id"], mapping={FIELD_INTENT: intent, FIELD_INTENT_CONFIDENCE: round(float(sure), 4)})
+                        if as_text(row.get(FIELD_INTENT)) != intent:
+                            pipe.hdel(row["id"], FIELD_INTENT_CHECKED)  # checked against another intent
                 for row in rows:
                     root = str(as_text(row.get(FIELD_ROOT)) or row["id"])
                     short = root.rsplit("faq-", 1)[-1][:16]

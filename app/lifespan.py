@@ -258,7 +258,7 @@ async def lifespan(app: Litestar) -> AsyncIterator[None]:
             async with asyncio.timeout(5):
                 await resources.pipeline.settle()  # write-backs and observations in flight
         except TimeoutError:
-            logger.warning("write-backs or observations still in flight at shutdown were dropped")
+            logger.warning("write-backs, checks or observations still in flight at shutdown were dropped")
         for task in list(resources.background):
             task.cancel()
         try:

@@ -165,8 +165,9 @@ class Metrics:
         )
         self.observations = Counter(
             "strata_semantic_observations",
-            "Answered misses compared with their nearest candidate, by category, result (equivalent, different, "
-            "curated, dropped, judge_failed) and whether the candidate would have been served (explored)",
+            "Answered misses (and checks of served hits) compared with their nearest candidate, by category, result "
+            "(equivalent, different, curated, dropped, judge_failed; check_dropped, check_failed) and whether the "
+            "candidate would have been served (explored)",
             ["category", "result", "explored"], registry=r,
         )
         self.feedback = Counter(

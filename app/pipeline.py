@@ -8,11 +8,13 @@ and returns a result the transport turns into a response. Each step is another m
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 
 from app.cache.layered import CacheMode, CachePlan, RequestCache
 from app.cache.learning.receipts import ResponseIds
-from app.cache.storage.contract import CacheHit
+from app.cache.storage.contract import CacheHit, CacheQuery, Candidate
 from app.cache.storage.keys import canonicalize
 from app.cache.storage.recent import RecentHits
 from app.chat import ChatCall, ChatResult, Outcome
@@ -24,6 +26,8 @@ from app.singleflight import SingleFlight
 from app.stream import new_completion_id, serve_hit
 from app.token_caps import TokenCaps
 from app.wire import ChatCompletionRequest
+
+logger = logging.getLogger(__name__)
 
 
 class ChatPipeline:
@@ -38,11 +42,13 @@ class ChatPipeline:
         caps: L4, the learnt ``max_tokens`` of requests that name none; ``None``: the default.
         ids: Mints hits' response ids, which carry what served them; ``None``: plain ids.
         recent: Where semantic hits are kept for the console (in memory); ``None``: nowhere.
+        max_checks: Checks of served hits (a hit's ``check``) asked of the model at once; more
+            are dropped and counted, and the entry is checked at a later hit; 0 asks none.
     """
 
     def __init__(self, *, limits: LimitSettings, cache: RequestCache, relay: Relay, metrics: Metrics,
                  flight: SingleFlight | None = None, caps: TokenCaps | None = None,
-                 ids: ResponseIds | None = None, recent: RecentHits | None = None) -> None:
+                 ids: ResponseIds | None = None, recent: RecentHits | None = None, max_checks: int = 4) -> None:
         self._limits = limits
         self._recent = recent
         self._ids = ids
@@ -51,6 +57,8 @@ class ChatPipeline:
         self._relay = relay
         self._metrics = metrics
         self._flight = flight
+        self._max_checks = max_checks
+        self._checking: dict[str, asyncio.Task[None]] = {}  # entry -> its check in flight
 
     def named_max_tokens(self, request: ChatCompletionRequest) -> int | None:
         """The client's limit, never above the configured cap; ``None`` when it named none."""
@@ -90,6 +98,8 @@ class ChatPipeline:
                                tenant=call.tenant)
             if self._recent is not None:
                 self._recent.add(plan.query, hit, response_id)
+            if hit.check is not None:
+                self._check_after(call, plan.query, hit.check, named)
             return result
         exchange = Exchange(body={}, stream=request.stream, plan=plan, started=started, category=call.category.name,
                             tenant=call.tenant, outcome=Outcome.MISS if plan.reads else Outcome.BYPASS)
@@ -124,10 +134,42 @@ class ChatPipeline:
             exchange.body["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
         return await self._relay.send(exchange)
 
+    def _check_after(self, call: ChatCall, query: CacheQuery, candidate: Candidate, named: int | None) -> None:
+        """Ask the model the served hit's question off the request path, once per entry at a
+        time, and hand its answer to the cache, which checks the entry with it."""
+        if candidate.root in self._checking or self._max_checks <= 0:
+            return
+        if len(self._checking) >= self._max_checks:
+            self._metrics.observations.labels(query.category.name, "check_dropped", "false").inc()
+            return
+        task = asyncio.create_task(self._check(call, query, candidate, named))
+        self._checking[candidate.root] = task
+        task.add_done_callback(lambda _: self._checking.pop(candidate.root, None))
+
+    async def _check(self, call: ChatCall, query: CacheQuery, candidate: Candidate, named: int | None) -> None:
+        try:
+            max_tokens, _ = await self._upstream_max_tokens(call, named)
+            body = {k: v for k, v in call.raw.items() if k not in ("max_completion_tokens", "stream", "stream_options")}
+            body["max_tokens"] = max_tokens
+            if call.cache_salt is not None:
+                body["cache_salt"] = call.cache_salt
+            answer = await self._relay.ask_aside(body)
+        except StrataError as exc:
+            # Unchecked, the entry is checked at its next hit; the hit served stays served.
+            logger.warning("checking %s against the model failed: %s", candidate.root, exc)
+            self._metrics.observations.labels(query.category.name, "check_failed", "false").inc()
+            return
+        self._cache.learn(query, candidate, answer)
+
     async def settle(self, *, observations: bool = True) -> None:
-        """Wait for the work left after responses: write-backs, then (unless told not to) the
-        observations they start."""
+        """Wait for the work left after responses: write-backs and checks of served hits, then
+        (unless told not to) the observations they start."""
         await self._relay.settle()
+        while self._checking:
+            await asyncio.wait(list(self._checking.values()))
+            for root, task in list(self._checking.items()):
+                if task.done():
+                    self._checking.pop(root, None)
         if observations:
             await self._cache.settle()
 

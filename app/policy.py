@@ -89,6 +89,11 @@ class AdaptiveSemantic(_Semantic, frozen=True, kw_only=True, forbid_unknown_fiel
     # "async": the LLM judge, asked after a miss, says whether the candidate had the right answer,
     # instead of comparing the two answers.
     judge: Literal["off", "async"] = "off"
+    # The team's intents: the first hit the intent rule serves from an entry of the model's answers
+    # is checked after the response (the model is asked the same question, off the request path,
+    # once per entry): an answer wrong for its intent is refuted at its first asker, where it would
+    # otherwise reach every later asker of that intent until exploration met it (docs/QUALITY.md).
+    intent_first_check: bool = False
 
     @property
     def adaptive(self) -> bool:

@@ -120,6 +120,10 @@ class SemanticSettings(msgspec.Struct, frozen=True, kw_only=True):
     learning_refresh_s: float = field(default=1.0, name="learning_refresh_s")
     # Observations (and async judge calls) in flight per worker; beyond it new ones are dropped.
     learning_max_pending: int = field(default=256, name="learning_max_pending")
+    # Checks of served hits asked of the model after the response (policy `intent_first_check`), in
+    # flight per worker; 0 asks none (a model that answers one sequence at a time has no room
+    # for them beside its answers: `make up MODEL=qwen1.5b`).
+    max_hit_checks: int = field(default=4, name="max_hit_checks")
 
 
 class LimitSettings(msgspec.Struct, frozen=True, kw_only=True):

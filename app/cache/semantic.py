@@ -139,7 +139,7 @@ class SemanticCache:
                 beyond = await self.store_index.candidates_of_intent(query, vector, guess.intent, OF_INTENT)
             decided = await self.adaptive.decide(query, question, rows, guess, beyond_band=beyond)
             if isinstance(decided, Serve):
-                return self._hit(decided.row, decided.reason, decided.score_bin)
+                return self._hit(decided.row, decided.reason, decided.score_bin, decided.check)
             return decided
         for row in await self.store_index.candidates(query, vector):
             if row.similarity < policy.threshold:
@@ -171,11 +171,11 @@ class SemanticCache:
             raise EmbeddingFailed(f"intent embedder {self.intents.fingerprint}: {exc!r}") from exc
         return head.guess(read)
 
-    def _hit(self, row: Nearest, reason: str, bin_: int) -> CacheHit:
+    def _hit(self, row: Nearest, reason: str, bin_: int, check: Candidate | None = None) -> CacheHit:
         self.hits.add(row.key)  # added in a batch every second: no round trip per hit
         return CacheHit(layer=self.name, completion=answer_bytes(row), similarity=row.similarity,
                         matched_question=row.fields[FIELD_QUESTION], reason=reason, source=source_of(row),
-                        key=root_of(row), document=row.key, score_bin=bin_)
+                        key=root_of(row), document=row.key, score_bin=bin_, check=check)
 
     async def store(self, query: CacheQuery, completion: bytes) -> None:
         canonical, policy = query.canonical, query.category.semantic

@@ -53,6 +53,7 @@ class Report:
     errors: int = 0
     feedback: int = 0  # wrong hits reported by the asker (POST /v1/feedback)
     reviews: dict[str, int] = field(default_factory=dict)  # queue items a simulated reviewer settled, by verdict
+    model_calls: int | None = None  # what the simulated model answered: misses and checks of served hits
 
     def count(self, layer: str, part: Sequence[Replayed] | None = None) -> int:
         return sum(1 for o in (self.outcomes if part is None else part) if o.layer == layer)
@@ -104,7 +105,10 @@ class Report:
         lines.append("wrong semantic hits by kind: " + ", ".join(f"{kind} {kinds[kind]}" for kind in WRONG_KINDS))
         lines.append("semantic hits by verdict (wrong): " + ", ".join(
             f"{verdict} {served} ({wrong})" for verdict, (served, wrong) in self.semantic_by_verdict().items()))
-        lines.append(f"upstream calls: {self.count('miss') + self.count('bypass')}")
+        upstream = self.count('miss') + self.count('bypass')
+        checks = f" (and {self.model_calls - upstream} checks of served hits, after the response)" \
+            if self.model_calls is not None and self.model_calls > upstream else ""
+        lines.append(f"upstream calls: {upstream}{checks}")
         lines.append(f"learning curve (per {window} requests): window, exact, semantic, wrong share of semantic, upstream")
         for row in self.windows(window):
             lines.append(f"  {row['requests']:>11}  {row['exact']:6.1%}  {row['semantic']:6.1%}  "
@@ -118,7 +122,7 @@ class Report:
         return msgspec.json.format(msgspec.json.encode({
             "requests": len(self.outcomes), "errors": self.errors, "feedback": self.feedback, "reviews": self.reviews,
             "layers": {layer: self.count(layer) / total for layer in LAYERS},
-            "semantic_wrong": self.wrong("semantic-hit"), "exact_wrong": self.wrong("exact-hit"),
+            "semantic_wrong": self.wrong("semantic-hit"), "exact_wrong": self.wrong("exact-hit"), "model_calls": self.model_calls,
             "semantic_wrong_by_kind": self.wrong_kinds(),
             "semantic_by_verdict": {verdict: {"served": served, "wrong": wrong}
                                     for verdict, (served, wrong) in self.semantic_by_verdict().items()},

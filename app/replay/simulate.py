@@ -267,6 +267,7 @@ def run_simulated(stream: list[Any], *, settings: Settings, category: str, encod
                 report = await replay(stream, client, model="simulated", category=category,
                                       after_each=reviewer.after_each if reviewer else settle,
                                       known_answers=known, feedback=feedback)
+                report.model_calls = upstream.calls
                 if reviewer is not None:
                     report.reviews = {"approved": reviewer.settled["approved"], "rejected": reviewer.settled["rejected"],
                                       "unlabelled": reviewer.settled["unlabelled"], "queue_empty": reviewer.settled["empty"]}

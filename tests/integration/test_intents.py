@@ -165,3 +165,55 @@ def test_heads_read_the_intent_embedder_when_one_is_configured_and_a_head_of_ano
         assert beyond.headers.get("x-cache-verdict") == "intent_match", dict(beyond.headers)
         assert float(beyond.headers["x-cache-similarity"]) < 0.5, dict(beyond.headers)
     assert run_cli("intents", "remove", "--category", "learn_intents", env=env).returncode == 0
+
+
+CHECKED = {"X-Cache-Category": "learn_intents_checked"}
+
+
+def test_an_entrys_first_intent_hit_is_checked_against_the_model_after_the_response(
+        strata: str, redis_url: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream, tmp_path: Path) -> None:
+    fake_upstream.reset()
+    refund = "Open Orders, choose the order and press Request refund; the money is back within five days."
+    fake_upstream.answers.update({
+        "i want a refund for my order": refund, "can you refund my order": refund,
+        # The model answers the two invoice questions differently: the cached answer is not the intent's.
+        "where is my invoice": "Invoices are listed under Account, Documents, as PDF files.",
+        "please send me an invoice": "We email every invoice within one business day after payment clears.",
+    })
+    env = {"STRATA_REDIS_URL": redis_url}
+    loaded = run_cli("intents", "load", str(team_file(tmp_path)), "--category", "learn_intents_checked", env=env)
+    assert loaded.returncode == 0, loaded.stderr
+    assert eventually(lambda: [h for h in intents_on_health(strata) if h["category"] == "learn_intents_checked"
+                               and h["status"] == "serving"], timeout=15), intents_on_health(strata)
+    prefix = keyspace(redis_sync, "default", "learn_intents_checked").semantic_prefix("v1")
+
+    def entry_of(question: str, field: str) -> list[bytes]:
+        return [k for k in redis_sync.scan_iter(match=prefix + "*")
+                if redis_sync.hget(k, "question") == question.encode() and redis_sync.hget(k, field) == b"1"]
+
+    def asked_upstream(question: str) -> int:
+        return sum(1 for call in fake_upstream.calls if call["messages"][-1]["content"] == question)
+
+    assert ask(strata, "i want a refund for my order", headers=CHECKED).headers["x-cache"] == "miss"
+    # Served by intent at once; the model is asked the same question after the response, and its
+    # agreeing answer marks the entry checked.
+    first = ask(strata, "can you refund my order", headers=CHECKED)
+    assert first.headers["x-cache"] == "semantic-hit" and first.headers["x-cache-verdict"] == "intent_match", \
+        dict(first.headers)
+    assert eventually(lambda: entry_of("i want a refund for my order", "intent_checked")), "the entry is checked"
+    assert asked_upstream("can you refund my order") == 1
+    # The check judges the entry, not the intent rule: nothing of the rule's record in the pool.
+    assert not any(k.startswith(b"intent_") for k in redis_sync.hgetall(pool_key(redis_sync, "learn_intents_checked")))
+    again = ask(strata, "can you refund my order please", headers=CHECKED)
+    assert again.headers.get("x-cache-verdict") == "intent_match", dict(again.headers)
+    assert asked_upstream("can you refund my order please") == 0, "a checked entry is not checked again"
+    # An answer the model does not give again for its intent is refuted at its first hit.
+    assert ask(strata, "where is my invoice", headers=CHECKED).headers["x-cache"] == "miss"
+    wrong = ask(strata, "please send me an invoice", headers=CHECKED)
+    assert wrong.headers.get("x-cache-verdict") == "intent_match", dict(wrong.headers)
+    assert eventually(lambda: entry_of("where is my invoice", "intent_refuted")), "the differing answer refutes the entry"
+    assert not entry_of("where is my invoice", "intent_checked")
+    later = ask(strata, "can you issue an invoice", headers=CHECKED)
+    assert later.headers.get("x-cache-verdict") != "intent_match", dict(later.headers)
+    assert run_cli("intents", "remove", "--category", "learn_intents_checked", env=env).returncode == 0
+    fake_upstream.reset()

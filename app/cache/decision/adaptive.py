@@ -43,7 +43,17 @@ from app.cache.decision.verify import CandidateCheck
 from app.cache.readers.base import Reader
 from app.cache.storage.contract import CacheQuery, Candidate, Nearest
 from app.cache.storage.intents import IntentGuess
-from app.cache.storage.keys import FIELD_INTENT, KEYS, SOURCE_MODEL, VOUCH_INTENT, VOUCH_READER, VOUCH_RECORD, Keyspace, as_text
+from app.cache.storage.keys import (
+    FIELD_INTENT,
+    FIELD_INTENT_CHECKED,
+    KEYS,
+    SOURCE_MODEL,
+    VOUCH_INTENT,
+    VOUCH_READER,
+    VOUCH_RECORD,
+    Keyspace,
+    as_text,
+)
 from app.policy import AdaptiveSemantic
 
 # The rules that rule on a row below the band read as the asked intent (the intent rule beyond
@@ -57,11 +67,14 @@ class Serve(msgspec.Struct, frozen=True, kw_only=True):
         row: The document that matched.
         reason: Why (the serving rule's reason: ``within_bound``, ``entry_record``, ...).
         score_bin: Its decision score's bin (what an observation of it counts under).
+        check: To be checked against the model's answer after the response (the intent rule's
+            first hit of an entry, ``intent_first_check``); ``None``: nothing to check.
     """
 
     row: Nearest
     reason: str
     score_bin: int
+    check: Candidate | None = None
 
 
 class AdaptiveDecision:
@@ -132,7 +145,9 @@ class AdaptiveDecision:
                 return decided
         if asked_intent is not None and asked_intent.confident:
             band = [row for row in rows if row.similarity >= policy.threshold]
-            rows = sorted(band, key=lambda row: as_text(row.fields.get(FIELD_INTENT)) != asked_intent.intent)
+            # Its intent's rows first, those whose answer was checked against it before the others.
+            rows = sorted(band, key=lambda row: (as_text(row.fields.get(FIELD_INTENT)) != asked_intent.intent,
+                                                 not as_text(row.fields.get(FIELD_INTENT_CHECKED))))
         for row in rows:
             if row.similarity < policy.threshold:
                 return None  # the band's floor: the rest are below too
@@ -197,7 +212,8 @@ class AdaptiveDecision:
         if self._explore.explored(ruling, candidate.source, policy):
             return msgspec.structs.replace(candidate, explored=True)
         if verdict.accepted:
-            return Serve(row=row, reason=verdict.reason, score_bin=facts.score_bin)
+            return Serve(row=row, reason=verdict.reason, score_bin=facts.score_bin,
+                         check=msgspec.structs.replace(candidate, first_check=True) if facts.unchecked else None)
         return candidate
 
     async def precision(self, tag: str, category: str, policy: AdaptiveSemantic, tenant: str | None = None) -> Precision:

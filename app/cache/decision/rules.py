@@ -52,6 +52,7 @@ from app.cache.storage.contract import CacheQuery, Nearest, Verdict
 from app.cache.storage.intents import IntentGuess
 from app.cache.storage.keys import (
     FIELD_INTENT,
+    FIELD_INTENT_CHECKED,
     FIELD_INTENT_CONFIDENCE,
     FIELD_INTENT_REFUTED,
     FIELD_QUESTION,
@@ -102,6 +103,9 @@ class Facts:
         read_later: Set by the reader rule: the reader reads it after the response (it is not
             trusted at this score yet), and its verdict is counted against the model's answer.
         asked_intent: What the tenant's intent head read in the asked question (``None``: no head).
+        unchecked: Set by the intent rule when it serves the candidate but its entry's answer was
+            never checked against its intent (``intent_first_check``): the model is asked the
+            same question after the response, and its answer checks the entry.
         in_prior: Set by the pool rule: the candidate is in the prior's zone (``accept_above`` and
             up, with its evidence); a serve there is reported as ``above_band`` whatever vouched.
     """
@@ -116,6 +120,7 @@ class Facts:
     read_later: bool = False
     in_prior: bool = False
     asked_intent: IntentGuess | None = None
+    unchecked: bool = False
     _counts: PooledCounts | None = field(default=None, repr=False)
 
     @property
@@ -203,15 +208,31 @@ class EntryVeto:
             return False
         return milli(facts.similarity) <= int(await self._redis.hget(facts.root, FIELD_WRONG_ABOVE) or -1)
 
-    async def vetoed_for_intent(self, facts: Facts) -> tuple[bool, bool]:
-        """(vetoed at this similarity, as :meth:`vetoed`; the intent rule's hits from this
-        document or its entry measured wrong, ``intent_refuted``): one round trip for an alias,
-        none for an entry."""
+    async def vetoed_for_intent(self, facts: Facts) -> IntentStanding:
+        """Whether the document may serve by intent (:class:`IntentStanding`): one round trip
+        for an alias, none for an entry."""
         refuted = bool(as_text(facts.row.fields.get(FIELD_INTENT_REFUTED)))
         if facts.is_entry:
-            return False, refuted
-        wrong_above, entry_refuted = await self._redis.hmget(facts.root, [FIELD_WRONG_ABOVE, FIELD_INTENT_REFUTED])
-        return milli(facts.similarity) <= int(wrong_above or -1), refuted or bool(entry_refuted)
+            return IntentStanding(refuted=refuted, checked=bool(as_text(facts.row.fields.get(FIELD_INTENT_CHECKED))))
+        wrong_above, entry_refuted, entry_checked = await self._redis.hmget(
+            facts.root, [FIELD_WRONG_ABOVE, FIELD_INTENT_REFUTED, FIELD_INTENT_CHECKED])
+        return IntentStanding(vetoed=milli(facts.similarity) <= int(wrong_above or -1),
+                              refuted=refuted or bool(entry_refuted), checked=bool(as_text(entry_checked)))
+
+
+class IntentStanding(msgspec.Struct, frozen=True, kw_only=True):
+    """What a document's and its entry's record say to the intent rule.
+
+    Attributes:
+        vetoed: The entry was wrong at this similarity or above (an alias's entry).
+        refuted: A hit the rule served from them was measured wrong (``intent_refuted``).
+        checked: The model's answer to one of the rule's would-be hits agreed with the entry's
+            (``intent_checked``, on the entry).
+    """
+
+    vetoed: bool = False
+    refuted: bool = False
+    checked: bool = False
 
 
 class CuratedWording(Rule):
@@ -265,14 +286,19 @@ class IntentVeto(Rule):
 class IntentMatch(Rule):
     """The team's intents (issue #46): the asked question and the cached one are both given one
     shared intent at the calibrated confidence, and the tenant's measured intent hits do not
-    refute the calibration, for that intent or for the tenant (:func:`intents_refuted`)."""
+    refute the calibration, for that intent or for the tenant (:func:`intents_refuted`). With
+    ``intent_first_check``, the first hit it serves from an entry of the model's answers is
+    checked off the request path: the model is asked the same question after the response, and
+    its answer marks the entry checked or refuted (an answer wrong for its intent then reaches
+    one asker, where unchecked it would reach every later asker of the intent until explored)."""
 
     name = "intent match"
     reasons = (INTENT_MATCH, WRONG_BEFORE)
     reads = ("the head's reading of the asked question; the document's `intent`, `intent_confidence`, `intent_refuted` "
-             "(and its entry's); the pool's `intent_*:<bin>` and `intent_*_of:<intent>`")
+             "(and its entry's, and the entry's `intent_checked`); the pool's `intent_*:<bin>` and `intent_*_of:<intent>`")
     counts = ("`intent_ok:<bin>`/`intent_wrong:<bin>` and `intent_ok_of:<intent>`/`intent_wrong_of:<intent>` when "
-              "explored or marked wrong, never the pool's bins; a wrong marks the document and its entry `intent_refuted`")
+              "explored or marked wrong, never the pool's bins; a wrong marks the document and its entry `intent_refuted`, "
+              "a right one `intent_checked` (also the model's answer to an entry's first hit, asked after the response)")
 
     def __init__(self, entry_veto: EntryVeto) -> None:
         self._entry_veto = entry_veto
@@ -288,10 +314,14 @@ class IntentMatch(Rule):
             return None
         if not intents_refuted(await facts.counts(), facts.policy).serves(guess.intent):
             return None
-        vetoed, refuted = await self._entry_veto.vetoed_for_intent(facts)
-        if refuted:
+        standing = await self._entry_veto.vetoed_for_intent(facts)
+        if standing.refuted:
             return None  # its answer was measured wrong for its intent: the rules after this one decide
-        return refuse(WRONG_BEFORE) if vetoed else serve(INTENT_MATCH, VOUCH_INTENT)
+        if standing.vetoed:
+            return refuse(WRONG_BEFORE)
+        # Served now; the model is asked the same question off the request path (once per entry).
+        facts.unchecked = facts.policy.intent_first_check and not standing.checked and source_of(facts.row) == SOURCE_MODEL
+        return serve(INTENT_MATCH, VOUCH_INTENT)
 
 
 # At most this many intents are set aside one by one before the tenant's whole record decides

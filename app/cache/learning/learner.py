@@ -262,6 +262,8 @@ class AnswerLearner:
                                        document=candidate.key, root=candidate.root, similarity=candidate.similarity,
                                        score_bin=candidate.score_bin, same=same, explored=candidate.explored,
                                        rules=rules)
+        if candidate.intent or candidate.first_check:
+            await self.observations.mark_intent(candidate.key, candidate.root, right=same)
         if not same and candidate.refused and not candidate.explored and self._review is not None \
                 and query.canonical.question is not None:
             await self._queue_for_review(query, candidate, fresh)
@@ -318,6 +320,8 @@ class AnswerLearner:
         """The pool fields this answered candidate measures: the rule that vouched for it, and
         the reader's verdict if it reads it now (after the response, off the request path)."""
         rules = []
+        if candidate.first_check:
+            return ()  # a served hit's check is chosen, not drawn: it judges the entry, not the rule
         if candidate.vouched:
             ok_kind, wrong_kind = VOUCH_KINDS[candidate.vouched]
             rules.append(observation_field(ok_kind if same else wrong_kind, candidate.score_bin))

@@ -28,6 +28,7 @@ import enum
 from redis.asyncio import Redis
 
 from app.cache.storage.keys import (
+    FIELD_INTENT_CHECKED,
     FIELD_INTENT_REFUTED,
     FIELD_WRONG_ABOVE,
     KEYS,
@@ -111,6 +112,16 @@ return 1
 """
 
 
+# KEYS: the document, its entry. ARGV: the field to set (1) on each that exists: whether the
+# model's answer to a question the intent rule would serve from them agreed with theirs.
+_MARK_INTENT = """
+for _, key in ipairs(KEYS) do
+  if redis.call('EXISTS', key) == 1 then redis.call('HSET', key, ARGV[1], 1) end
+end
+return 1
+"""
+
+
 class ObservationWriter:
     """Records one observation on the document, the entry and the pools, as :func:`pool_fields` says.
 
@@ -122,6 +133,12 @@ class ObservationWriter:
     def __init__(self, redis: Redis, keys: Keyspace = KEYS) -> None:
         self._keys = keys
         self._observe = redis.register_script(_OBSERVE)
+        self._mark_intent = redis.register_script(_MARK_INTENT)
+
+    async def mark_intent(self, document: str, root: str, *, right: bool) -> None:
+        """The model's answer to a would-be intent hit agreed with the document's (``intent_checked``
+        on it and its entry) or not (``intent_refuted``); a key that is gone is not re-created."""
+        await self._mark_intent(keys=[document, root], args=[FIELD_INTENT_CHECKED if right else FIELD_INTENT_REFUTED])
 
     async def record(self, kind: Observation, tag: str, category: str, tenant: str, *, document: str, root: str,
                      similarity: float, score_bin: int, same: bool, explored: bool = False,

@@ -80,6 +80,9 @@ class CacheHit(msgspec.Struct, frozen=True, kw_only=True):
         key: The entry it came from (semantic layer: the entry whose answer it serves).
         document: The document that matched: the exact entry, or a semantic entry or alias.
         score_bin: The adaptive decision's score bin (semantic layer only).
+        check: The intent rule served it before its entry's answer was checked against its
+            intent (``intent_first_check``): the pipeline asks the model the same question after
+            the response and hands the answer to the cache's :meth:`learn`.
     """
 
     layer: str
@@ -92,6 +95,7 @@ class CacheHit(msgspec.Struct, frozen=True, kw_only=True):
     key: str | None = None
     document: str | None = None
     score_bin: int | None = None
+    check: Candidate | None = None
 
 
 class Nearest(NamedTuple):
@@ -145,6 +149,10 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
             whose answers disagree goes to the review queue.
         intent: The team's intent the intent rule vouched on ("" for another rule): the model's
             answer counts for or against that intent too.
+        first_check: The intent rule served it before its entry was checked
+            (``intent_first_check``): the model's answer, asked after the response, marks the
+            entry checked or refuted and counts on the document and entry only, never in the
+            pool (a chosen sample, not a drawn one).
     """
 
     key: str
@@ -161,6 +169,7 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
     reader_said_no: bool = False
     refused: str = ""
     intent: str = ""
+    first_check: bool = False
 
 
 class Verdict(msgspec.Struct, frozen=True):

@@ -29,6 +29,7 @@ from app.cache.storage.keys import (
     FIELD_CATEGORY,
     FIELD_EMBEDDING,
     FIELD_INTENT,
+    FIELD_INTENT_CHECKED,
     FIELD_INTENT_CONFIDENCE,
     FIELD_INTENT_REFUTED,
     FIELD_QUESTION,
@@ -113,7 +114,7 @@ class SemanticIndex:
             vector=vector.astype(np.float32).tobytes(),
             vector_field_name=FIELD_EMBEDDING,
             return_fields=[FIELD_QUESTION, FIELD_ANSWER, FIELD_ROOT, FIELD_WRONG_ABOVE, FIELD_SOURCE, FIELD_INTENT,
-                           FIELD_INTENT_CONFIDENCE, FIELD_INTENT_REFUTED],
+                           FIELD_INTENT_CONFIDENCE, FIELD_INTENT_REFUTED, FIELD_INTENT_CHECKED],
             filter_expression=scope_filter(query),
             num_results=limit,
             return_score=True,
@@ -139,7 +140,7 @@ class SemanticIndex:
         knn = VectorQuery(
             vector=vector.astype(np.float32).tobytes(), vector_field_name=FIELD_EMBEDDING,
             return_fields=[FIELD_QUESTION, FIELD_ANSWER, FIELD_ROOT, FIELD_WRONG_ABOVE, FIELD_SOURCE, FIELD_INTENT,
-                           FIELD_INTENT_CONFIDENCE, FIELD_INTENT_REFUTED],
+                           FIELD_INTENT_CONFIDENCE, FIELD_INTENT_REFUTED, FIELD_INTENT_CHECKED],
             filter_expression=scope_filter(query) & (Tag(FIELD_INTENT) == intent), num_results=limit, return_score=True)
         try:
             rows = await index.query(knn)

@@ -121,6 +121,10 @@ FIELD_INTENT_CONFIDENCE = "intent_confidence"
 # wrong (explored, or a user's "wrong"): the answer is not its intent's, whatever the head reads
 # in the question, so the rule serves it no more (a load's relabelling keeps it).
 FIELD_INTENT_REFUTED = "intent_refuted"
+# Set (1) on a document and its entry once the model's answer to a question the intent rule served
+# from them agreed with theirs: with `intent_first_check`, the rule's first hit of an entry is
+# checked after the response (a load that reads another intent in its question removes it).
+FIELD_INTENT_CHECKED = "intent_checked"
 OBS_OK = "ok"
 OBS_WRONG = "wrong"
 # On an entry: equivalent observations of any of its documents per score bin (its own record).
