@@ -165,10 +165,16 @@ class Metrics:
         )
         self.observations = Counter(
             "strata_semantic_observations",
-            "Answered misses (and checks of served hits) compared with their nearest candidate, by category, result "
-            "(equivalent, different, curated, dropped, judge_failed; check_dropped, check_failed) and whether the "
-            "candidate would have been served (explored)",
+            "Answered misses compared with their nearest candidate, by category, result (equivalent, different, "
+            "curated, dropped, judge_failed) and whether the candidate would have been served (explored)",
             ["category", "result", "explored"], registry=r,
+        )
+        self.intent_checks = Counter(
+            "strata_intent_checks",
+            "The intent rule's first hits of an entry checked against the model after the response, by category and "
+            "result (agreed: the entry is checked; refuted: its answer is not its intent's; dropped: too many in "
+            "flight; failed: the model did not answer)",
+            ["category", "result"], registry=r,
         )
         self.feedback = Counter(
             "strata_feedback", "End users' verdicts on served hits (POST /v1/feedback), by verdict and layer",

@@ -140,7 +140,7 @@ class ChatPipeline:
         if candidate.root in self._checking or self._max_checks <= 0:
             return
         if len(self._checking) >= self._max_checks:
-            self._metrics.observations.labels(query.category.name, "check_dropped", "false").inc()
+            self._metrics.intent_checks.labels(query.category.name, "dropped").inc()
             return
         task = asyncio.create_task(self._check(call, query, candidate, named))
         self._checking[candidate.root] = task
@@ -157,7 +157,7 @@ class ChatPipeline:
         except StrataError as exc:
             # Unchecked, the entry is checked at its next hit; the hit served stays served.
             logger.warning("checking %s against the model failed: %s", candidate.root, exc)
-            self._metrics.observations.labels(query.category.name, "check_failed", "false").inc()
+            self._metrics.intent_checks.labels(query.category.name, "failed").inc()
             return
         self._cache.learn(query, candidate, answer)
 

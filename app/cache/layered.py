@@ -314,7 +314,10 @@ class LayeredCache:
             self._metrics.observations.labels(query.category.name, "judge_failed", str(candidate.explored).lower()).inc()
             return
         result = "curated" if not observed.recorded else "equivalent" if observed.same else "different"
-        self._metrics.observations.labels(query.category.name, result, str(candidate.explored).lower()).inc()
+        if candidate.first_check:
+            self._metrics.intent_checks.labels(query.category.name, "agreed" if observed.same else "refuted").inc()
+        else:
+            self._metrics.observations.labels(query.category.name, result, str(candidate.explored).lower()).inc()
         if observed.merged:
             self._metrics.entry_merges.labels(query.category.name).inc(observed.merged)
 

@@ -215,5 +215,8 @@ def test_an_entrys_first_intent_hit_is_checked_against_the_model_after_the_respo
     assert not entry_of("where is my invoice", "intent_checked")
     later = ask(strata, "can you issue an invoice", headers=CHECKED)
     assert later.headers.get("x-cache-verdict") != "intent_match", dict(later.headers)
+    metrics = httpx.get(strata + "/metrics").text
+    for result in ("agreed", "refuted"):
+        assert f'strata_intent_checks_total{{category="learn_intents_checked",result="{result}"}} 1.0' in metrics, metrics
     assert run_cli("intents", "remove", "--category", "learn_intents_checked", env=env).returncode == 0
     fake_upstream.reset()
