@@ -12,9 +12,11 @@ import asyncio
 import logging
 import time
 
+import msgspec
+
 from app.cache.layered import CacheMode, CachePlan, RequestCache
 from app.cache.learning.receipts import ResponseIds
-from app.cache.storage.contract import CacheHit, CacheQuery, Candidate
+from app.cache.storage.contract import CacheHit, Candidate
 from app.cache.storage.keys import canonicalize
 from app.cache.storage.recent import RecentHits
 from app.chat import ChatCall, ChatResult, Outcome
@@ -99,7 +101,7 @@ class ChatPipeline:
             if self._recent is not None:
                 self._recent.add(plan.query, hit, response_id)
             if hit.check is not None:
-                self._check_after(call, plan.query, hit.check, named)
+                self._check_after(call, plan, hit.check, named)
             return result
         exchange = Exchange(body={}, stream=request.stream, plan=plan, started=started, category=call.category.name,
                             tenant=call.tenant, outcome=Outcome.MISS if plan.reads else Outcome.BYPASS)
@@ -134,32 +136,36 @@ class ChatPipeline:
             exchange.body["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
         return await self._relay.send(exchange)
 
-    def _check_after(self, call: ChatCall, query: CacheQuery, candidate: Candidate, named: int | None) -> None:
+    def _check_after(self, call: ChatCall, plan: CachePlan, candidate: Candidate, named: int | None) -> None:
         """Ask the model the served hit's question off the request path, once per entry at a
-        time, and hand its answer to the cache, which checks the entry with it."""
+        time; its answer is stored as a miss's is, and the cache checks the entry with it."""
+        assert plan.query is not None
         if candidate.root in self._checking or self._max_checks <= 0:
             return
         if len(self._checking) >= self._max_checks:
-            self._metrics.intent_checks.labels(query.category.name, "dropped").inc()
+            self._metrics.intent_checks.labels(plan.query.category.name, "dropped").inc()
             return
-        task = asyncio.create_task(self._check(call, query, candidate, named))
+        task = asyncio.create_task(self._check(call, msgspec.structs.replace(plan, candidate=candidate), named))
         self._checking[candidate.root] = task
         task.add_done_callback(lambda _: self._checking.pop(candidate.root, None))
 
-    async def _check(self, call: ChatCall, query: CacheQuery, candidate: Candidate, named: int | None) -> None:
+    async def _check(self, call: ChatCall, plan: CachePlan, named: int | None) -> None:
+        assert plan.query is not None and plan.candidate is not None
         try:
             max_tokens, _ = await self._upstream_max_tokens(call, named)
             body = {k: v for k, v in call.raw.items() if k not in ("max_completion_tokens", "stream", "stream_options")}
             body["max_tokens"] = max_tokens
             if call.cache_salt is not None:
                 body["cache_salt"] = call.cache_salt
-            answer = await self._relay.ask_aside(body)
+            raw, completion = await self._relay.ask_aside(body)
         except StrataError as exc:
             # Unchecked, the entry is checked at its next hit; the hit served stays served.
-            logger.warning("checking %s against the model failed: %s", candidate.root, exc)
-            self._metrics.intent_checks.labels(query.category.name, "failed").inc()
+            logger.warning("checking %s against the model failed: %s", plan.candidate.root, exc)
+            self._metrics.intent_checks.labels(plan.query.category.name, "failed").inc()
             return
-        self._cache.learn(query, candidate, answer)
+        # Stored as a miss's answer is (the asked wording joins the index), then compared with the
+        # candidate's: an agreeing answer makes the wording an alias of the checked entry.
+        await self._cache.store(plan, raw, completion)
 
     async def settle(self, *, observations: bool = True) -> None:
         """Wait for the work left after responses: write-backs and checks of served hits, then

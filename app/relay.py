@@ -123,20 +123,20 @@ class Relay:
             await exchange.finish(None)
             raise
 
-    async def ask_aside(self, body: dict[str, Any]) -> bytes:
-        """The upstream's complete answer to a body asked off the request path (a check of a
-        served hit): booked as an upstream request, written back nowhere.
+    async def ask_aside(self, body: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
+        """The upstream's complete answer (raw, decoded) to a body asked off the request path (a
+        check of a served hit): booked as an upstream request; the caller stores it.
 
         Raises:
             StrataError: The upstream failed.
         """
         try:
-            raw, _ = await self._upstream.complete(body)
+            raw, completion = await self._upstream.complete(body)
         except StrataError:
             self._metrics.upstream_requests.labels("error").inc()
             raise
         self._metrics.upstream_requests.labels("ok").inc()
-        return raw
+        return raw, completion
 
     def _failed(self, exchange: Exchange) -> None:
         self._metrics.upstream_requests.labels("error").inc()

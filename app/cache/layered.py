@@ -87,8 +87,6 @@ class RequestCache(Protocol):
 
     async def store(self, plan: CachePlan, raw: bytes, completion: dict[str, Any]) -> None: ...
 
-    def learn(self, query: CacheQuery, candidate: Candidate, answer: bytes) -> None: ...
-
     async def settle(self) -> None: ...
 
 
@@ -285,11 +283,6 @@ class LayeredCache:
             return True
         self._metrics.stored(layer.name)
         return True
-
-    def learn(self, query: CacheQuery, candidate: Candidate, answer: bytes) -> None:
-        """The model's answer to a served hit's question, asked after the response (a hit's
-        ``check``): compared with the hit's answer as a miss's answer is."""
-        self._learn(query, candidate, answer)
 
     def _learn(self, query: CacheQuery, candidate: Candidate, answer: bytes) -> None:
         """Compare the fresh answer with the candidate's in the background: nothing on the

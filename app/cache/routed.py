@@ -18,7 +18,7 @@ import msgspec
 
 from app.cache.layered import CacheMode, CachePlan, LayeredCache
 from app.cache.storage.buckets import Buckets, ClusterUnavailable
-from app.cache.storage.contract import CacheHit, CacheQuery, Candidate
+from app.cache.storage.contract import CacheHit, CacheQuery
 from app.cache.storage.invalidation import AuditLog, CacheInvalidator, Invalidated, Invalidation, NothingThere, check_invalidation
 from app.cache.storage.keys import CanonicalRequest
 from app.cache.storage.version import VersionTag
@@ -77,9 +77,6 @@ class RoutedCache:
     async def store(self, plan: CachePlan, raw: bytes, completion: dict[str, Any]) -> None:
         if plan.query is not None:
             await self._of(plan.query).store(plan, raw, completion)
-
-    def learn(self, query: CacheQuery, candidate: Candidate, answer: bytes) -> None:
-        self._of(query).learn(query, candidate, answer)
 
     async def settle(self) -> None:
         await asyncio.gather(*(cache.settle() for cache in self.caches))

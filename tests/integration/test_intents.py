@@ -213,10 +213,20 @@ def test_an_entrys_first_intent_hit_is_checked_against_the_model_after_the_respo
     assert wrong.headers.get("x-cache-verdict") == "intent_match", dict(wrong.headers)
     assert eventually(lambda: entry_of("where is my invoice", "intent_refuted")), "the differing answer refutes the entry"
     assert not entry_of("where is my invoice", "intent_checked")
+    # The refuted answer is served by the rule no more; the model's answer of the check was stored
+    # as a miss's is, so the intent has an answer of its own again (checked at its first hit).
     later = ask(strata, "can you issue an invoice", headers=CHECKED)
-    assert later.headers.get("x-cache-verdict") != "intent_match", dict(later.headers)
-    metrics = httpx.get(strata + "/metrics").text
-    for result in ("agreed", "refuted"):
-        assert f'strata_intent_checks_total{{category="learn_intents_checked",result="{result}"}} 1.0' in metrics, metrics
+    assert later.json()["choices"][0]["message"]["content"] != "Invoices are listed under Account, Documents, as PDF files."
+    assert ask(strata, "please send me an invoice", headers=CHECKED).headers["x-cache"] == "exact-hit"
+    # Counted by result: the refund entry's agreed; the invoice answers refuted (the later
+    # question's first hit checked the new entry too, and the fake's answers differ again).
+    counted = ('strata_intent_checks_total{category="learn_intents_checked",result="agreed"} 1.0',
+               'strata_intent_checks_total{category="learn_intents_checked",result="refuted"}')
+
+    def checks_counted() -> bool:
+        text = httpx.get(strata + "/metrics").text
+        return all(c in text for c in counted)
+
+    assert eventually(checks_counted), httpx.get(strata + "/metrics").text
     assert run_cli("intents", "remove", "--category", "learn_intents_checked", env=env).returncode == 0
     fake_upstream.reset()

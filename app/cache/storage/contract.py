@@ -82,7 +82,7 @@ class CacheHit(msgspec.Struct, frozen=True, kw_only=True):
         score_bin: The adaptive decision's score bin (semantic layer only).
         check: The intent rule served it before its entry's answer was checked against its
             intent (``intent_first_check``): the pipeline asks the model the same question after
-            the response and hands the answer to the cache's :meth:`learn`.
+            the response and stores its answer with this as the plan's candidate, as a miss's.
     """
 
     layer: str
