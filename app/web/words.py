@@ -6,6 +6,7 @@ from __future__ import annotations
 from app.cache.decision.verify import (
     ABOVE_BAND,
     BELOW_THRESHOLD,
+    CHECK_DISAGREED,
     CURATED_WORDING,
     ENTITIES_DIFFER,
     ENTRY_RECORD,
@@ -51,6 +52,7 @@ VERDICT_WORDS = {
     CURATED_WORDING: "a curated answer's own question or variant",
     INTENT_MATCH: "the team's intents read both as one intent",
     INTENT_DIFFERS: "the team's intents read them as two different intents",
+    CHECK_DISAGREED: "served for its intent; the model's answer to it, asked after, differed",
     JUDGE_ACCEPTED: "the judge model said they are the same question",
     JUDGE_REJECTED: "the judge model said they differ",
     JUDGE_FAILED: "the judge model did not answer",

@@ -4,6 +4,7 @@ served as an intent match, bad files refused with the previous intents left in f
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -170,6 +171,25 @@ def test_heads_read_the_intent_embedder_when_one_is_configured_and_a_head_of_ano
 CHECKED = {"X-Cache-Category": "learn_intents_checked"}
 
 
+async def approve_check(redis_url: str) -> bool:
+    """Approve the queued check of "where is my invoice" as the console's reviewer does."""
+    from redis.asyncio import Redis as AsyncRedis
+
+    from app.cache.learning.learner import AnswerLearner
+    from app.cache.learning.review import ReviewQueue
+    from app.policy import AdaptiveSemantic
+
+    client = AsyncRedis.from_url(redis_url)
+    try:
+        queue = ReviewQueue(client)
+        item = next(i for i in await queue.items("v1", "learn_intents_checked", "default")
+                    if i.cached == "where is my invoice" and i.reason == "check_disagreed")
+        learner = AnswerLearner(client, embedder=None, analyzer=None)  # type: ignore[arg-type]
+        return await learner.settle_review("v1", item, True, AdaptiveSemantic(error_bound=0.4, max_aliases=2))
+    finally:
+        await client.aclose()
+
+
 def test_an_entrys_first_intent_hit_is_checked_against_the_model_after_the_response(
         strata: str, redis_url: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream, tmp_path: Path) -> None:
     fake_upstream.reset()
@@ -220,6 +240,19 @@ def test_an_entrys_first_intent_hit_is_checked_against_the_model_after_the_respo
     assert ask(strata, "please send me an invoice", headers=CHECKED).headers["x-cache"] == "exact-hit"
     # Counted by result: the refund entry's agreed; the invoice answers refuted (the later
     # question's first hit checked the new entry too, and the fake's answers differ again).
+    # A check that disagreed is queued for people (the console's review queue) ...
+    keys = keyspace(redis_sync, "default", "learn_intents_checked")
+
+    def queued() -> list[dict[bytes, bytes]]:
+        ids = redis_sync.zrange(keys.review_key("v1", "learn_intents_checked", "default"), 0, -1)
+        items = [redis_sync.hgetall(keys.review_item_key("v1", i.decode())) for i in ids]
+        return [i for i in items if i.get(b"reason") == b"check_disagreed" and i.get(b"cached") == b"where is my invoice"]
+
+    assert eventually(queued), "the disagreeing check is in the review queue"
+    # ... and a reviewer's approval says the cached answer is its intent's: checked, no more refuted.
+    if not redis_url.startswith("redis+cluster://"):  # the learner of one bucket's Redis
+        assert asyncio.run(approve_check(redis_url)), "approved"
+        assert entry_of("where is my invoice", "intent_checked") and not entry_of("where is my invoice", "intent_refuted")
     counted = ('strata_intent_checks_total{category="learn_intents_checked",result="agreed"} 1.0',
                'strata_intent_checks_total{category="learn_intents_checked",result="refuted"}')
 

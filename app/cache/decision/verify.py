@@ -72,6 +72,9 @@ CURATED_WORDING = "curated_wording"
 INTENT_MATCH = "intent_match"
 # The team's head reads the two questions as two different intents, both confidently.
 INTENT_DIFFERS = "intent_differs"
+# A review item, not a verdict: the intent rule served a cached answer, and the model's answer to
+# the same question, asked after the response to check the entry, differed from it.
+CHECK_DISAGREED = "check_disagreed"
 
 _TOKEN = re.compile(r"[a-z0-9]+(?:'[a-z]+)?|[\u3400-\u9fff]")
 _NUMBER = re.compile(r"\d+(?:\.\d+)?|[零一二两三四五六七八九十百千万亿]+(?=[个元块号日月年天次期笔张位岁%])")

@@ -28,7 +28,7 @@ import msgspec
 from redis.asyncio import Redis
 
 from app.cache.decision.stats import VOUCH_KINDS
-from app.cache.decision.verify import Confirm, PairAnalyzer
+from app.cache.decision.verify import CHECK_DISAGREED, Confirm, PairAnalyzer
 from app.cache.learning.observations import Observation, ObservationWriter
 from app.cache.learning.review import ReviewItem, ReviewQueue, item_id
 from app.cache.readers.base import ReadPair
@@ -39,6 +39,8 @@ from app.cache.storage.keys import (
     FIELD_ALIASES,
     FIELD_ANSWER,
     FIELD_EXPIRES_AT,
+    FIELD_INTENT_CHECKED,
+    FIELD_INTENT_REFUTED,
     FIELD_ROOT,
     FIELD_SCOPE,
     FIELD_SOURCE,
@@ -64,13 +66,20 @@ logger = logging.getLogger("strata.learning")
 # A reviewer's approval of a queued pair, on an entry that still exists: confirms it so many times
 # at one score bin, and lifts the veto the pair's own differing answer set (``wrong_above`` at
 # exactly the pair's similarity, on the entry and the matched document): the reviewer read both
-# questions, the answer comparison did not. A veto set by any other observation stays.
-# KEYS: entry, matched document. ARGV: field (confirmed:<bin>), count, the pair's similarity (milli).
+# questions, the answer comparison did not. A veto set by any other observation stays. Approving a
+# served intent hit whose check disagreed also marks both checked, no more refuted: the reviewer
+# says the cached answer is its intent's.
+# KEYS: entry, matched document. ARGV: field (confirmed:<bin>), count, the pair's similarity
+# (milli), 1 for a check's pair.
 _APPROVE = f"""
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('HINCRBY', KEYS[1], ARGV[1], ARGV[2])
 for _, key in ipairs(KEYS) do
   if redis.call('HGET', key, '{FIELD_WRONG_ABOVE}') == ARGV[3] then redis.call('HDEL', key, '{FIELD_WRONG_ABOVE}') end
+  if ARGV[4] == '1' and redis.call('EXISTS', key) == 1 then
+    redis.call('HDEL', key, '{FIELD_INTENT_REFUTED}')
+    redis.call('HSET', key, '{FIELD_INTENT_CHECKED}', 1)
+  end
 end
 return 1
 """
@@ -264,8 +273,8 @@ class AnswerLearner:
                                        rules=rules)
         if candidate.intent or candidate.first_check:
             await self.observations.mark_intent(candidate.key, candidate.root, right=same)
-        if not same and candidate.refused and not candidate.explored and self._review is not None \
-                and query.canonical.question is not None:
+        if not same and (candidate.refused or candidate.first_check) and not candidate.explored \
+                and self._review is not None and query.canonical.question is not None:
             await self._queue_for_review(query, candidate, fresh)
         entry = candidate.root if same else (neighbours[0].root if neighbours else None)
         if entry is None or policy.max_aliases <= 0:
@@ -280,7 +289,9 @@ class AnswerLearner:
 
     async def _queue_for_review(self, query: CacheQuery, candidate: Candidate, fresh: bytes) -> None:
         """Queue a refused candidate whose answers did not agree for people to settle (the
-        console's review queue): both questions, both answers."""
+        console's review queue): both questions, both answers. So is a served intent hit whose
+        check disagreed (``check_disagreed``): people decide whether the cached answer was its
+        intent's after all."""
         assert self._review is not None and query.canonical.question is not None
         asked_document = self._keys.semantic_prefix(query.version) + query.entry_digest
         await self._review.add(query.version, ReviewItem(
@@ -288,7 +299,7 @@ class AnswerLearner:
             asked=query.canonical.question, asked_document=asked_document, asked_answer=answer_text(fresh) or "",
             cached=candidate.question, document=candidate.key, root=candidate.root,
             cached_answer=answer_text(candidate.answer) or "", similarity=round(candidate.similarity, 4),
-            score_bin=candidate.score_bin, reason=candidate.refused))
+            score_bin=candidate.score_bin, reason=candidate.refused or CHECK_DISAGREED))
 
     async def settle_review(self, tag: str, item: ReviewItem, approved: bool, policy: AdaptiveSemantic) -> bool:
         """A reviewer's verdict on a queued pair, as observations with the reviewer as source.
@@ -313,7 +324,7 @@ class AnswerLearner:
             return False
         await self._approve(keys=[item.root, item.document], args=[
             observation_field(OBS_CONFIRMED, item.score_bin), max(1, policy.entry_confirmations),
-            round(item.similarity * 1000)])
+            round(item.similarity * 1000), 1 if item.reason == CHECK_DISAGREED else 0])
         return True
 
     async def _rules_measured(self, query: CacheQuery, candidate: Candidate, same: bool) -> tuple[str, ...]:
