@@ -29,7 +29,7 @@ from app.stream import new_completion_id, serve_hit
 from app.token_caps import TokenCaps
 from app.wire import ChatCompletionRequest
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("strata.pipeline")
 
 
 class ChatPipeline:
@@ -147,7 +147,11 @@ class ChatPipeline:
             return
         task = asyncio.create_task(self._check(call, msgspec.structs.replace(plan, candidate=candidate), named))
         self._checking[candidate.root] = task
-        task.add_done_callback(lambda _: self._checking.pop(candidate.root, None))
+        task.add_done_callback(lambda done: self._forget_check(candidate.root, done))
+
+    def _forget_check(self, root: str, task: asyncio.Task[None]) -> None:
+        if self._checking.get(root) is task:  # not a later check of the same entry
+            del self._checking[root]
 
     async def _check(self, call: ChatCall, plan: CachePlan, named: int | None) -> None:
         assert plan.query is not None and plan.candidate is not None
@@ -175,7 +179,7 @@ class ChatPipeline:
             await asyncio.wait(list(self._checking.values()))
             for root, task in list(self._checking.items()):
                 if task.done():
-                    self._checking.pop(root, None)
+                    self._forget_check(root, task)
         if observations:
             await self._cache.settle()
 
