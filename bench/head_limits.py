@@ -6,6 +6,7 @@ vectors kept in ``.run/vectors`` as ``bench.intent_embedders`` keeps them.
     python -m bench.head_limits sources [--teams clinc]            # where the held-out wrong readings come from
     python -m bench.head_limits confidences [--teams bank clinc] [--mlp]   # other confidences, out-of-scope gates
     python -m bench.head_limits pairs [--teams bank clinc]         # where a prior on similarity alone could start
+    python -m bench.head_limits ceiling [--teams bank clinc]       # the most the head could capture, threshold in hindsight
 
 ``beyond``: each team file calibrated as ``strata intents load`` does, in the band only and beyond
 it, then the intent rule alone replayed on the test streams (s0-s2), as ``bench.intent_embedders``
@@ -16,6 +17,12 @@ ranking the readings the largest share of phrasings served at 1% wrong in hindsi
 bound on what any calibration of that ranking could certify. ``pairs``: among every pair of the
 team's phrasings at a cosine of at least t, the share of two intents (no guards): where an
 adaptive category's prior (``accept_above``) could start, read on the team's own file.
+``ceiling``: the head fitted on the whole team file, the intent rule alone on the test streams
+(s0-s2), each cached question's first hit checked as shipped, its threshold chosen on each stream
+itself (a cheat no calibration can do): the most it
+captures with at most 1% of its hits wrong, the rule looking in the band (8 nearest at the floor,
+as served) or at every earlier question read as the intent (an intent-level cache, the most
+generous), with the stream's out-of-scope questions and without them.
 """
 
 from __future__ import annotations
@@ -56,6 +63,8 @@ HEADERS = {
     "sources": "| team | threshold | held-out served | wrong | of hidden intents | label mismatches (share of the rest) |\n"
                "|---|---|---|---|---|---|",
     "confidences": "| team | confidence | most served at 1% wrong (hindsight) |\n|---|---|---|",
+    "ceiling": "| team | stream | out of scope in it | the rule looks at | captured at the load's threshold (wrong) | "
+               "most captured at <= 1% wrong, threshold in hindsight (wrong) | threshold |\n|---|---|---|---|---|---|---|",
     "pairs": "| team's file | pairs at t = " + " | ".join(f"{t:.2f}" for t in (PRIOR_STARTS)) + " |\n|---|"
              + "---|" * len(PRIOR_STARTS),
 }
@@ -229,11 +238,91 @@ def confidences(team: Team, mlp: bool) -> None:
         print(f"MLP fitting: {fitting:.0f} s over {folds} folds", file=sys.stderr)
 
 
+CEILING_THRESHOLDS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.875, 0.9, 0.925, 0.95, 0.96, 0.97, 0.975, 0.98, 0.985, 0.99,
+                      0.9925, 0.995, 0.9975, 0.999)
+# What `strata intents load` certified on these files (docs/QUALITY.md, fifth measurements).
+LOADED_THRESHOLDS = {"bank": 0.982, "clinc": 0.978}
+
+
+def rule_on_stream(asked: list[str], truth: list[str], near: np.ndarray, read: np.ndarray, sure: np.ndarray,
+                   threshold: float, anywhere: bool, refused: Callable[[str, str], bool],
+                   guarded: dict[tuple[int, int], bool]) -> tuple[int, int, int]:
+    """(served, wrong, perfect) of the intent rule alone on a stream: a question not asked before is
+    served from the nearest earlier one (in the band of 8 at the floor, or anywhere) read as its
+    intent, both at ``threshold``, past the guards; wrong when their labels differ or it is out of scope.
+    Each cached question's first hit is checked as shipped (``intent_first_check``): when the asker's
+    label differs from its own, it serves by intent no more."""
+    order, perfect = first_askings(asked, truth)
+    served = wrong = 0
+    checked: set[int] = set()
+    refuted: set[int] = set()
+    for position, i in enumerate(order):
+        if sure[i] < threshold or position == 0:
+            continue
+        earlier = order[:position]
+        similarity = near[earlier] @ near[i]
+        ranked = np.argsort(-similarity)
+        if not anywhere:
+            ranked = ranked[:NEAREST]
+            ranked = ranked[similarity[ranked] >= FLOOR]
+        for k in ranked:
+            j = int(earlier[k])
+            if read[j] != read[i] or sure[j] < threshold or j in refuted:
+                continue
+            if (i, j) not in guarded:
+                guarded[(i, j)] = refused(asked[i], asked[j])
+            if guarded[(i, j)]:
+                continue
+            served += 1
+            missed = truth[j] != truth[i] or truth[i].startswith("oos:")
+            wrong += missed
+            if j not in checked:  # its first hit, checked against the model after the response (as shipped)
+                checked.add(j)
+                if truth[j] != truth[i]:
+                    refuted.add(j)
+            break
+    return served, wrong, perfect
+
+
+def ceiling(team: Team, encoder: object, refused: Callable[[str, str], bool], seeds: tuple[int, ...] = (0, 1, 2),
+            head_encoder: object | None = None) -> None:
+    """``head_encoder``: the head reads with it (``STRATA_INTENT_EMBEDDER``), the band stays the index's."""
+    head_encoder = encoder if head_encoder is None else head_encoder
+    train = team.vectors if head_encoder is encoder else embed(head_encoder, team.texts, f"{team.name}-train")[0]  # type: ignore[arg-type]
+    weights, bias = fit_softmax(train, team.labels, len(team.intents))
+    for seed in seeds:
+        stream = [json.loads(line) for line in (REPLAY / f"{team.name}-test3000-s{seed}.jsonl").read_text().splitlines()]
+        texts = [r["text"] for r in stream]
+        vectors = embed(encoder, texts, f"{team.name}-s{seed}")[0]  # type: ignore[arg-type]
+        heads = vectors if head_encoder is encoder else embed(head_encoder, texts, f"{team.name}-s{seed}")[0]  # type: ignore[arg-type]
+        for with_oos in (True, False):
+            keep = [i for i, r in enumerate(stream) if with_oos or not r["label"].startswith("oos:")]
+            asked, truth = [stream[i]["text"] for i in keep], [stream[i]["label"] for i in keep]
+            near = vectors[keep]
+            read, sure = predict(weights, bias, heads[keep])
+            for anywhere in (False, True):
+                guarded: dict[tuple[int, int], bool] = {}
+
+                def run(t: float, anywhere: bool = anywhere, guarded: dict[tuple[int, int], bool] = guarded,
+                        asked: list[str] = asked, truth: list[str] = truth, near: np.ndarray = near,
+                        read: np.ndarray = read, sure: np.ndarray = sure) -> tuple[float, float]:
+                    served, wrong, perfect = rule_on_stream(asked, truth, near, read, sure, t, anywhere, refused, guarded)
+                    return (served - wrong) / max(1, perfect), wrong / max(1, served)
+
+                loaded = run(LOADED_THRESHOLDS[team.name])
+                best = max(((run(t), t) for t in CEILING_THRESHOLDS), key=lambda r: (r[0][1] <= BOUND, r[0][0]))
+                (captured, wrong), t = best
+                print(f"| {team.name} | s{seed} | {'10%' if with_oos else 'none'} | "
+                      f"{'every earlier question' if anywhere else 'the band'} | {loaded[0]:.2f} ({loaded[1]:.2%}) | "
+                      f"{captured:.2f} ({wrong:.2%}) | {t} |", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("study", choices=("beyond", "sources", "confidences", "pairs"))
+    parser.add_argument("study", choices=("beyond", "sources", "confidences", "pairs", "ceiling"))
     parser.add_argument("--teams", nargs="+", default=["bank", "clinc"])
     parser.add_argument("--mlp", action="store_true", help="confidences: also an MLP head (scikit-learn)")
+    parser.add_argument("--intent-embedder", help="ceiling: the head reads with this model (the band stays USE's)")
     args = parser.parse_args(argv)
     encoder = load_encoder("use-multilingual")
     verifier = load_verifier(Settings.from_env())
@@ -241,6 +330,11 @@ def main(argv: list[str] | None = None) -> int:
     def refused(asked: str, cached: str) -> bool:
         return verifier.guard(asked, cached) is not None
 
+    head_encoder = None
+    if args.intent_embedder:
+        from app.cache.readers.embedder import INTENT_PROMPTS, LocalModelVectors
+
+        head_encoder = LocalModelVectors(args.intent_embedder, threads=2, prompts=INTENT_PROMPTS)
     print(HEADERS[args.study])
     for name in args.teams:
         team = Team(name, encoder)
@@ -250,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
             sources(team, refused)
         elif args.study == "pairs":
             pairs(team)
+        elif args.study == "ceiling":
+            ceiling(team, encoder, refused, head_encoder=head_encoder)
         else:
             confidences(team, args.mlp)
     return 0

@@ -49,3 +49,30 @@ def test_two_intent_shares_count_each_pair_once_and_the_mixed_ones() -> None:
     assert (near, near_mixed) == (1, 0.0)                     # only the two of intent 0
     assert close == 3 and abs(close_mixed - 2 / 3) < 1e-9     # and intent 1's phrasing with each of them
     assert everything == 6 and abs(all_mixed - 5 / 6) < 1e-9  # 4 phrasings, 6 pairs, 1 of one intent
+
+
+def test_the_rule_on_a_stream_serves_its_intents_nearest_and_stops_serving_an_entry_its_check_refuted() -> None:
+    from bench.head_limits import rule_on_stream
+
+    # Questions 0-1 are one intent (read 0); 2 is mislabelled (read 0, labelled b); 3-5 ask intent a;
+    # 6 is out of scope, read 0 too. Vectors: 0 and 3 close; 2 close to 4 and 5; 1 and 6 far from all.
+    asked = ["q0", "q1", "q2", "q3", "q4", "q5", "q6"]
+    truth = ["a", "a", "b", "a", "a", "a", "oos:q6"]
+    near = np.array([[1.0, 0.0, 0.0], [0.0, 0.0, 1.0], [0.0, 1.0, 0.0], [0.99, 0.141, 0.0],
+                     [0.141, 0.99, 0.0], [0.1, 0.995, 0.0], [-0.6, -0.8, 0.0]])
+    read = np.zeros(7, dtype=int)
+    sure = np.full(7, 0.99)
+    never: dict[tuple[int, int], bool] = {}
+    # The band: q1 and q6 have nothing at the floor; q3 is served q0 (right); q4 is served q2 (wrong,
+    # and its check refutes q2); q5 then skips q2 and is served q3 (right).
+    served, wrong, perfect = rule_on_stream(asked, truth, near, read, sure, 0.9, False, lambda a, b: False, never)
+    assert (served, wrong, perfect) == (3, 1, 4)
+    # Anywhere, every asker after the first is served: q1 from q0 (right); q2 from q0 (wrong: its
+    # label is b; q0's check refutes it); q3 from q2, its nearest left (wrong, q2 refuted); q4 and q5
+    # from q3 (right); q6 (out of scope), always wrong.
+    served, wrong, _ = rule_on_stream(asked, truth, near, read, sure, 0.9, True, lambda a, b: False, {})
+    assert (served, wrong) == (6, 3)
+    # Below the threshold nothing is served; a refused pair is passed over.
+    assert rule_on_stream(asked, truth, near, read, np.full(7, 0.5), 0.9, True, lambda a, b: False, {})[:2] == (0, 0)
+    refusing = rule_on_stream(asked, truth, near, read, sure, 0.9, False, lambda a, b: (a, b) == ("q3", "q0"), {})
+    assert refusing[:2] == (2, 1)
