@@ -22,7 +22,9 @@ adaptive category's prior (``accept_above``) could start, read on the team's own
 itself (a cheat no calibration can do): the most it
 captures with at most 1% of its hits wrong, the rule looking in the band (8 nearest at the floor,
 as served) or at every earlier question read as the intent (an intent-level cache, the most
-generous), with the stream's out-of-scope questions and without them.
+generous), or as an intent-keyed cache whose cached side is read perfectly (the asked question's
+reading alone decides: an upper bound on any rule), with the stream's out-of-scope questions and
+without them.
 """
 
 from __future__ import annotations
@@ -284,6 +286,24 @@ def rule_on_stream(asked: list[str], truth: list[str], near: np.ndarray, read: n
     return served, wrong, perfect
 
 
+def intent_keyed_on_stream(truth: list[str], names: list[str], read: np.ndarray, sure: np.ndarray,
+                           threshold: float, asked: list[str]) -> tuple[int, int, int]:
+    """(served, wrong, perfect) of an intent-keyed cache whose cached side is read perfectly: a
+    question not asked before, read as an intent at ``threshold``, is served that intent's answer
+    when a question labelled with it was asked before (as if every cached question's intent were
+    known); wrong when its own label differs or it is out of scope."""
+    order, perfect = first_askings(asked, truth)
+    served = wrong = 0
+    seen: set[str] = set()
+    for i in order:
+        intent = names[int(read[i])]
+        if sure[i] >= threshold and intent in seen:
+            served += 1
+            wrong += truth[i] != intent
+        seen.add(truth[i])
+    return served, wrong, perfect
+
+
 def ceiling(team: Team, encoder: object, refused: Callable[[str, str], bool], seeds: tuple[int, ...] = (0, 1, 2),
             head_encoder: object | None = None) -> None:
     """``head_encoder``: the head reads with it (``STRATA_INTENT_EMBEDDER``), the band stays the index's."""
@@ -312,9 +332,20 @@ def ceiling(team: Team, encoder: object, refused: Callable[[str, str], bool], se
                 loaded = run(LOADED_THRESHOLDS[team.name])
                 best = max(((run(t), t) for t in CEILING_THRESHOLDS), key=lambda r: (r[0][1] <= BOUND, r[0][0]))
                 (captured, wrong), t = best
+                at_load = f"{loaded[0]:.2f} ({loaded[1]:.2%})" if head_encoder is encoder else "-"
                 print(f"| {team.name} | s{seed} | {'10%' if with_oos else 'none'} | "
-                      f"{'every earlier question' if anywhere else 'the band'} | {loaded[0]:.2f} ({loaded[1]:.2%}) | "
+                      f"{'every earlier question' if anywhere else 'the band'} | {at_load} | "
                       f"{captured:.2f} ({wrong:.2%}) | {t} |", flush=True)
+
+            def keyed(t: float, asked: list[str] = asked, truth: list[str] = truth, read: np.ndarray = read,
+                      sure: np.ndarray = sure) -> tuple[float, float]:
+                served, wrong, perfect = intent_keyed_on_stream(truth, team.intents, read, sure, t, asked)
+                return (served - wrong) / max(1, perfect), wrong / max(1, served)
+
+            (captured, wrong), t = max(((keyed(t), t) for t in CEILING_THRESHOLDS),
+                                       key=lambda r: (r[0][1] <= BOUND, r[0][0]))
+            print(f"| {team.name} | s{seed} | {'10%' if with_oos else 'none'} | the intent's answer, the cached side "
+                  f"read perfectly | - | {captured:.2f} ({wrong:.2%}) | {t} |", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

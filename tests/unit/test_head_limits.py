@@ -76,3 +76,17 @@ def test_the_rule_on_a_stream_serves_its_intents_nearest_and_stops_serving_an_en
     assert rule_on_stream(asked, truth, near, read, np.full(7, 0.5), 0.9, True, lambda a, b: False, {})[:2] == (0, 0)
     refusing = rule_on_stream(asked, truth, near, read, sure, 0.9, False, lambda a, b: (a, b) == ("q3", "q0"), {})
     assert refusing[:2] == (2, 1)
+
+
+def test_an_intent_keyed_cache_serves_a_reading_once_its_label_was_asked_and_counts_misreadings_wrong() -> None:
+    from bench.head_limits import intent_keyed_on_stream
+
+    names = ["a", "b"]
+    asked = ["q0", "q1", "q2", "q3", "q4"]
+    truth = ["a", "a", "b", "b", "oos:q4"]
+    read = np.array([0, 0, 0, 1, 1])
+    sure = np.array([0.99, 0.99, 0.99, 0.5, 0.99])
+    # q1 read a, a asked before: right; q2 read a (label b): wrong; q3 under the threshold; q4 out
+    # of scope read b, b asked before: wrong.
+    assert intent_keyed_on_stream(truth, names, read, sure, 0.9, asked) == (3, 2, 2)
+    assert intent_keyed_on_stream(truth, names, read, sure, 0.999, asked) == (0, 0, 2)
