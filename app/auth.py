@@ -250,6 +250,13 @@ class TenantResolver:
         """Whether a keys file is in use (requests then need a key)."""
         return self._path is not None
 
+    def known_tenants(self) -> set[str]:
+        """The tenants of the active keys (none without a keys file)."""
+        if self._path is None:
+            return set()
+        self._reload()
+        return {record.tenant for record in self._by_id.values()}
+
     def record(self, key_id: str) -> KeyRecord | None:
         """The active (unrevoked) key of this id, as the keys file says now; ``None``: no such key."""
         if self._path is None:

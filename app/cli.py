@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -401,6 +402,29 @@ async def reads_settled(client: Any) -> None:
         await asyncio.sleep(0.05)
 
 
+def cli_operator() -> str:
+    """Who the audit log names for a change made from this command line."""
+    import getpass
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container's)
+        user = str(os.getuid())
+    return f"cli:{user}@{socket.gethostname()}"
+
+
+async def audited(cache: object, kind: str, target: str, request: dict[str, object], *, deleted: int = 0) -> None:
+    """Record a change made from the command line in the audit log, as the console records its own."""
+    from app.assembly import CacheParts
+    from app.cache.storage.invalidation import Invalidated
+
+    assert isinstance(cache, CacheParts)
+    await cache.invalidator.audit_log.record_event(who=cli_operator(), done=Invalidated(kind=kind, target=target,
+                                                                                          deleted=deleted),
+                                                   request=request)
+
+
 def cmd_faq_load(args: argparse.Namespace, settings: Settings) -> int:
 
     from app.cache.storage.keys import FAQ_SET_NAME
@@ -424,12 +448,15 @@ def cmd_faq_load(args: argparse.Namespace, settings: Settings) -> int:
 
     async def go() -> FaqLoaded:
         from app.assembly import open_cache, reconcile
-        from app.faq import load_faq_in_buckets
+        from app.curated import CuratedAnswers
 
         async with open_cache(settings, semantic=True) as cache:
             for each in cache.each:
                 await reconcile(each.bucket.redis, each.versions, each.semantic)
-            return await load_faq_in_buckets(cache, items, name, policy)
+            loaded = await CuratedAnswers(cache, policy).load(items, name)
+            await audited(cache, "curated", f"load {name}", {"file": str(path), "entries": loaded.entries,
+                                                             "replaced": loaded.replaced}, deleted=loaded.keys_removed)
+            return loaded
 
     from redis.exceptions import RedisError
 
@@ -524,12 +551,14 @@ def cmd_intents(args: argparse.Namespace, settings: Settings) -> int:
             if cache.shared is None:
                 raise IntentsFileError("Redis did not answer")
             store = IntentStore(cache.shared)
+            scope = {"tenant": tenant, "category": category}
             if args.action == "load":
                 assert items is not None
                 for each in cache.each:
                     await reconcile(each.bucket.redis, each.versions, each.semantic)
                 loaded = await load_intents(cache, policy, items, tenant=tenant, category=category, name=name,
                                             seed=args.seed)
+                await audited(cache, "intents", f"load {name} {category} {tenant}", {**scope, "file": str(path)})
                 return loaded.line()
             if args.action == "refit":
                 from app.intents import refit_intents
@@ -537,10 +566,12 @@ def cmd_intents(args: argparse.Namespace, settings: Settings) -> int:
                 for each in cache.each:
                     await reconcile(each.bucket.redis, each.versions, each.semantic)
                 refit = await refit_intents(cache, policy, tenant=tenant, category=category)
+                await audited(cache, "intents", f"refit {category} {tenant}", scope)
                 return f"refit with {refit.approvals} approved pairs of the review queue: {refit.loaded.line()}"
             if args.action == "remove":
                 if not await store.remove(category, tenant):
                     raise IntentsFileError(f"no intents loaded for tenant {tenant!r} in {category!r}")
+                await audited(cache, "intents", f"remove {category} {tenant}", scope)
                 return f"removed the intents of tenant {tenant!r} in {category!r} (served nowhere within seconds)"
             head = await store.get(category, tenant)
             if head is None:
@@ -741,7 +772,19 @@ def main(argv: list[str] | None = None) -> int:
         settings = Settings.from_env()
     except ValueError as exc:
         return fail(str(exc))
-    return int(args.run(args, settings))
+    # Every command that writes a file (--out) makes its folder first, or says why it cannot.
+    out = getattr(args, "out", None)
+    if out:
+        try:
+            Path(out).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            return fail(f"cannot write --out {out}: cannot make its folder {Path(out).parent} ({exc.strerror or exc})")
+    try:
+        return int(args.run(args, settings))
+    except (IsADirectoryError, PermissionError) as exc:
+        if out and exc.filename is not None and Path(str(exc.filename)) == Path(out):
+            return fail(f"cannot write --out {out}: {exc.strerror}")
+        raise
 
 
 if __name__ == "__main__":

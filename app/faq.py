@@ -27,7 +27,9 @@ from redisvl.query.filter import Tag
 
 from app.cache.decision.candidates import same_wording
 from app.cache.storage.entry import CacheEntry
+from app.cache.storage.exact import wording_keys_of
 from app.cache.storage.keys import (
+    CURATED_MARK,
     FIELD_ALIASES,
     FIELD_CATEGORY,
     FIELD_EMBEDDING,
@@ -38,6 +40,7 @@ from app.cache.storage.keys import (
     KEYS,
     SOURCE_FAQ,
     Keyspace,
+    as_text,
     faq_scope_digest,
     normalize_text,
 )
@@ -142,12 +145,18 @@ async def load_faq(redis: Redis, embedder: Embedder, tag: str, items: list[FaqIt
     vectors = await embed_in_slices(embedder, texts)
     set_key = keys.faq_set_key(tag, name)
     old_keys = await redis.smembers(set_key)
+    # The wordings the file owned before and no longer does serve the model's answers again.
+    owned = {keys.wording_key(tag, item.tenant, item.category, text)
+             for item in items for text in (item.question, *item.variants)}
+    released = await wording_keys_of(redis, keys, tag, [str(as_text(k)) for k in old_keys]) - owned
     new_keys: list[str] = []
     position = 0
     async with redis.pipeline(transaction=True) as pipe:
         if old_keys:
             pipe.delete(*old_keys)
         pipe.delete(set_key)
+        for wording in released:
+            pipe.srem(wording, CURATED_MARK)
         longest = 1
         for item in items:
             category = policy.categories[item.category]
@@ -173,6 +182,10 @@ async def load_faq(redis: Redis, embedder: Embedder, tag: str, items: list[FaqIt
                 pipe.hset(doc_key, mapping=document.to_hash())
                 pipe.expire(doc_key, document.ttl_seconds)
                 new_keys.append(doc_key)
+                # From now on no model answer to this wording is stored in the exact layer.
+                wording = keys.wording_key(tag, item.tenant, item.category, document.question)
+                pipe.sadd(wording, CURATED_MARK)
+                pipe.expire(wording, document.ttl_seconds)
             pipe.hset(key, FIELD_ALIASES, len(item.variants))
         if new_keys:
             pipe.sadd(set_key, *new_keys)
@@ -203,17 +216,25 @@ class FaqLoaded(msgspec.Struct, frozen=True, kw_only=True):
 async def remove_model_copies(semantic: SemanticCache, tag: str, items: list[FaqItem]) -> tuple[int, int]:
     """Delete the model's answers to the curated questions and variants in their tenant and
     category, in both layers, so that the next request gets the curated answer whatever was
-    cached before.
+    cached before, and whatever that request carries.
 
-    A model answer's semantic document and its exact entry share one digest, so each document
-    found (by a range query around the wording, then the same wording) names its exact copy. Its
-    aliases go with it: they were learnt to mean the same question. Returns (entries, keys) removed.
+    Every exact entry of a wording is in its wording set, whatever its system prompt, parameters,
+    user or protocol (answers cut by ``max_tokens`` live there alone). A model answer's semantic
+    document and its exact entry share one digest, so each document found (by a range query
+    around the wording, then the same wording) names its exact copy; its aliases go with it: they
+    were learnt to mean the same question. Returns (answers, keys) removed: an answer stored in
+    both layers counts once.
     """
     redis, keys = semantic.keys_redis, semantic.keys
     index = await semantic.index(tag)
     wordings = [(item, text) for item in items for text in (item.question, *item.variants)]
     if not wordings:
         return 0, 0
+    exact_prefix = keys.exact_prefix(tag)
+    copies: set[str] = set()
+    for item, text in wordings:
+        members = await redis.smembers(keys.wording_key(tag, item.tenant, item.category, text))
+        copies.update(str(as_text(m)) for m in members if str(as_text(m)).startswith(exact_prefix))
     vectors = await embed_in_slices(semantic.embedder, [normalize_text(text) for _, text in wordings])
     roots: set[str] = set()
     for (item, text), vector in zip(wordings, vectors, strict=True):
@@ -226,15 +247,25 @@ async def remove_model_copies(semantic: SemanticCache, tag: str, items: list[Faq
             if row.get(FIELD_SOURCE) == SOURCE_FAQ or not same_wording(text, row.get(FIELD_QUESTION, "")):
                 continue
             roots.add(str(row.get(FIELD_ROOT) or row["id"]))
-    doomed: set[str] = set()
+    doomed: set[str] = set(copies)
     prefix = keys.semantic_prefix(tag)
     for root in roots:
         for document in await semantic.documents_of(tag, root) | {root}:
             doomed.add(document)
             if document.startswith(prefix):
-                doomed.add(keys.exact_prefix(tag) + document[len(prefix):])
-    removed = int(await redis.unlink(*doomed)) if doomed else 0
-    return len(roots), removed
+                doomed.add(exact_prefix + document[len(prefix):])
+    if not doomed:
+        return 0, 0
+    ordered = sorted(doomed)
+    async with redis.pipeline(transaction=False) as pipe:
+        for key in ordered:
+            pipe.exists(key)
+        present = [key for key, there in zip(ordered, await pipe.execute(), strict=True) if there]
+    # One answer per digest: its exact entry and its semantic entry are one answer.
+    answers = {key[len(exact_prefix):] for key in present if key in copies or key.startswith(exact_prefix)}
+    answers |= {root[len(prefix):] for root in roots if root in present}
+    removed = int(await redis.unlink(*present)) if present else 0
+    return len(answers), removed
 
 
 async def load_faq_in_buckets(cache: CacheParts, items: list[FaqItem], name: str, policy: Policy) -> FaqLoaded:

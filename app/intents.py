@@ -23,7 +23,7 @@ import yaml
 from redisvl.query import FilterQuery
 from redisvl.query.filter import Tag
 
-from app.cache.learning.intents import CHAIN_STARTS, calibrate, fewest_to_show, fit_softmax, risk_level
+from app.cache.learning.intents import calibrate, fit_softmax, risk_level, why_it_serves_nothing
 from app.cache.storage.intents import HeadMeta, HeadReader, IntentHead, IntentStore
 from app.cache.storage.keys import (
     FIELD_CATEGORY,
@@ -148,11 +148,14 @@ class IntentsLoaded(msgspec.Struct, frozen=True, kw_only=True):
 
     def line(self) -> str:
         m = self.meta
+        # What the rule does, or why it serves nothing and what would change that, comes last: it
+        # is what the team acts on.
         return (f"loaded {m.phrasings} phrasings of {len(m.intents)} intents as {m.name!r} for tenant {m.tenant!r} in "
-                f"{m.category!r}: cross-validated accuracy {m.accuracy:.1%}; rule: {m.rule}; it would serve "
+                f"{m.category!r}: cross-validated accuracy {m.accuracy:.1%}; it would serve "
                 f"{m.served_share:.1%} of the team's held-out phrasings ({m.held_out_wrong:.2%} of them wrong); "
                 f"{self.labelled} cached documents labelled, {self.answers} intent answers stored; {self.seconds:.0f} s "
-                f"({self.embedding_seconds:.0f} s embedding, {self.fitting_seconds:.0f} s fitting and calibrating)")
+                f"({self.embedding_seconds:.0f} s embedding, {self.fitting_seconds:.0f} s fitting and calibrating)\n"
+                f"rule: {m.rule}")
 
 
 async def curated_intents(cache: object, tag: str, tenant: str, category: str) -> list[IntentDef]:
@@ -222,9 +225,8 @@ async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *,
     weights, bias = await asyncio.to_thread(fit_softmax, read, labels, len(every), seed=seed)
     fitted = time.monotonic()
     if calibration.threshold > 1:
-        rule = (f"serves nothing: the held-out readings do not show {semantic_policy.error_bound:.1%} wrong at "
-                f"{1 - delta:.0%} (at least {fewest_to_show(semantic_policy.error_bound, delta, len(CHAIN_STARTS))} "
-                f"clean held-out hits are needed to show it)")
+        rule = why_it_serves_nothing(intents=len(every), phrasings=len(texts), bound=semantic_policy.error_bound,
+                                     delta=delta)
     else:
         rule = (f"both questions of one intent at confidence >= {calibration.threshold:.3f}"
                 f"{' (the nearest cached ones of that intent beyond the band too)' if beyond_band else ''}: "
@@ -236,7 +238,7 @@ async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *,
                     held_out_wrong=calibration.held_out_wrong, error_bound=semantic_policy.error_bound, rule=rule,
                     loaded_at=int(time.time()),
                     confused=[(every[a].intent, every[b].intent, n) for a, b, n in calibration.confused],
-                    beyond_band=beyond_band)
+                    beyond_band=beyond_band, phrasings_of=[len(i.phrasings) for i in every], delta=delta)
     head = IntentHead(meta, weights, bias)
     await IntentStore(cache.shared).save(head)
     await forget_intent_record(cache, tag, tenant, category)

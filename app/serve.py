@@ -15,6 +15,14 @@ from app.settings import PROJECT_ROOT, Settings
 MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"  # as app.metrics reads it; not imported: see below
 
 
+def trusted_proxies(settings: Settings) -> list[str]:
+    """The proxies whose forwarding headers are believed (``STRATA_TRUSTED_PROXIES``).
+
+    uvicorn's default believes ``X-Forwarded-For`` from 127.0.0.1, so any local client could
+    name its own address; with no trusted proxy the headers are not read at all."""
+    return [part.strip() for part in settings.trusted_proxies.split(",") if part.strip()]
+
+
 def main() -> None:
     settings = Settings.from_env()
     if settings.workers > 1:
@@ -34,6 +42,8 @@ def main() -> None:
         log_level=settings.log_level,
         access_log=False,
         timeout_graceful_shutdown=30,
+        proxy_headers=bool(trusted_proxies(settings)),
+        forwarded_allow_ips=trusted_proxies(settings) or "",
     )
 
 

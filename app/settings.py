@@ -164,6 +164,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # it, sign-in answers 429 with Retry-After until the window ends.
     console_signin_attempts: int = 10
     console_signin_window_s: int = 300
+    # The proxies whose X-Forwarded-For / X-Forwarded-Proto are believed (comma-separated addresses
+    # or networks, "*" for any). Empty: none, so every client is the peer that connected, and the
+    # sign-in lock, the per-address limits and the audit see the real peer (docs/SECURITY.md).
+    trusted_proxies: str = ""
     # /metrics behind ``Authorization: Bearer <token>`` when set (it names categories and tenants);
     # ``metrics_tenant_labels`` false puts every tenant in one series (``tenant="-"``).
     metrics_token: str | None = None

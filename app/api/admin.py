@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import hmac
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
-from litestar import Controller, Request, get, post
+from litestar import Controller, Request, delete, get, post, put
 
 from app.api.protocol import read_body
 from app.cache.storage.contract import CACHE_ERRORS
-from app.cache.storage.invalidation import Invalidation, InvalidationError, NothingThere
-from app.errors import CacheUnavailable, Forbidden, InvalidRequest, NotFound, Unauthorized
+from app.cache.storage.invalidation import Invalidated, Invalidation, InvalidationError, NothingThere
+from app.curated import AlreadyCurated, CuratedAnswers, CuratedEntry, CuratedError, CuratedSaved, NoSuchCurated
+from app.errors import CacheUnavailable, Conflict, Forbidden, InvalidRequest, NotFound, Unauthorized
 from app.lifespan import Resources, sweep_generations_after, sweep_versions_after
 
 
@@ -30,6 +31,45 @@ def require_admin(request: Request[Any, Any, Any], resources: Resources) -> None
 # Who an audit entry names: the operator's own word (the admin token is shared), and where from.
 OPERATOR_HEADER = "x-strata-operator"
 _invalidation_decoder = msgspec.json.Decoder(Invalidation)
+
+
+_Body = TypeVar("_Body")
+
+
+class CuratedAdd(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``POST /admin/curated``: a curated answer and its variants."""
+
+    category: str
+    question: str
+    answer: str
+    tenant: str = "default"
+    variants: list[str] = msgspec.field(default_factory=list)
+
+
+class CuratedEdit(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``PUT /admin/curated``: a new answer for ``key``, and its variants when given (else kept)."""
+
+    key: str
+    answer: str
+    variants: list[str] | None = None
+
+
+def _decoded(body: bytes, kind: type[_Body]) -> _Body:
+    try:
+        return msgspec.json.decode(body, type=kind)
+    except msgspec.ValidationError as exc:
+        raise InvalidRequest(f"invalid curated answer: {exc}", code="invalid_curated_answer") from exc
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"the body is not JSON: {exc}", code="invalid_curated_answer") from exc
+
+
+def _curated_error(exc: CuratedError) -> Exception:
+    """A curated service's refusal in OpenAI's shape."""
+    if isinstance(exc, NoSuchCurated):
+        return NotFound(str(exc), code="no_such_curated_answer")
+    if isinstance(exc, AlreadyCurated):
+        return Conflict(str(exc), code="curated_already")
+    return InvalidRequest(str(exc), code="invalid_curated_answer")
 
 
 def operator(request: Request[Any, Any, Any]) -> str:
@@ -86,3 +126,61 @@ class AdminController(Controller):
             return {"object": "list", "data": await resources.cache.invalidator.audit(count)}
         except CACHE_ERRORS as exc:
             raise CacheUnavailable(f"the cache's Redis did not answer: {exc!r}", code="cache_unavailable") from exc
+
+    @get("/curated", status_code=200)
+    async def curated(self, request: Request[Any, Any, Any], resources: Resources, tenant: str | None = None) -> dict[str, Any]:
+        """The curated answers with their variants (one tenant's with ``?tenant=``)."""
+        require_admin(request, resources)
+        try:
+            entries = await CuratedAnswers(resources.cache, resources.policy).entries(tenant)
+        except CACHE_ERRORS as exc:
+            raise CacheUnavailable(f"the cache's Redis did not answer: {exc!r}", code="cache_unavailable") from exc
+        return {"object": "list", "data": msgspec.to_builtins(entries)}
+
+    @post("/curated", status_code=201)
+    async def add_curated(self, request: Request[Any, Any, Any], resources: Resources) -> dict[str, Any]:
+        """Add a curated answer: the model's answers to its question and variants are removed in
+        both layers, whatever the requests that stored them carried. Audited."""
+        require_admin(request, resources)
+        added = _decoded(await read_body(request, resources.settings.limits.body_timeout_s), CuratedAdd)
+        service = CuratedAnswers(resources.cache, resources.policy)
+        try:
+            saved = await service.add(tenant=added.tenant, category=added.category, question=added.question,
+                                      answer=added.answer, variants=added.variants)
+        except CuratedError as exc:
+            raise _curated_error(exc) from exc
+        return await _audited(request, resources, saved, f"add {saved.entry.file}")
+
+    @put("/curated", status_code=200)
+    async def edit_curated(self, request: Request[Any, Any, Any], resources: Resources) -> dict[str, Any]:
+        """A curated answer's new text (and variants). Audited."""
+        require_admin(request, resources)
+        edit = _decoded(await read_body(request, resources.settings.limits.body_timeout_s), CuratedEdit)
+        try:
+            saved = await CuratedAnswers(resources.cache, resources.policy).edit(
+                edit.key, answer=edit.answer, variants=edit.variants)
+        except CuratedError as exc:
+            raise _curated_error(exc) from exc
+        return await _audited(request, resources, saved, f"edit {edit.key}")
+
+    @delete("/curated", status_code=200)
+    async def remove_curated(self, request: Request[Any, Any, Any], resources: Resources, key: str) -> dict[str, Any]:
+        """Remove a curated answer and its variants (``?key=``). Audited."""
+        require_admin(request, resources)
+        try:
+            entry = await CuratedAnswers(resources.cache, resources.policy).remove(key)
+        except CuratedError as exc:
+            raise _curated_error(exc) from exc
+        await resources.cache.invalidator.audit_log.record_event(
+            who=operator(request), done=Invalidated(kind="curated", target=f"remove {entry.key}"),
+            request={"question": entry.question, "tenant": entry.tenant, "category": entry.category})
+        return {"removed": msgspec.to_builtins(entry)}
+
+
+async def _audited(request: Request[Any, Any, Any], resources: Resources, saved: CuratedSaved, target: str) -> dict[str, Any]:
+    entry: CuratedEntry = saved.entry
+    await resources.cache.invalidator.audit_log.record_event(
+        who=operator(request), done=Invalidated(kind="curated", target=target, deleted=saved.keys_removed),
+        request={"question": entry.question, "variants": list(entry.variants), "answer": entry.answer,
+                 "tenant": entry.tenant, "category": entry.category, "replaced": saved.replaced})
+    return {"entry": msgspec.to_builtins(entry), "replaced": saved.replaced, "keys_removed": saved.keys_removed}

@@ -122,6 +122,16 @@ class RoutedInvalidator:
             raise ClusterUnavailable(NOT_YET)
         return await self.audit_log.latest(count)
 
+    async def affected(self, what: Invalidation) -> int:
+        if not self._each:
+            raise ClusterUnavailable(NOT_YET)
+        if what.key is not None:
+            return await self.for_key(what.key).affected(what)
+        if what.kind == "question":
+            category = self._policy.category(what.category)  # checked
+            return await self._each[self._buckets.of(what.tenant or "default", category.name)].affected(what)
+        return sum([await each.affected(what) for each in self._each])
+
     def for_key(self, key: str) -> CacheInvalidator:
         index = self._buckets.holding(key)
         if index is None:

@@ -40,7 +40,9 @@ class ServerThread:
 
     def __init__(self, app: Any, port: int | None = None) -> None:
         self.port = port or free_port()
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on", loop="asyncio")
+        # As app.serve runs it with no trusted proxy: forwarding headers are not believed.
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on", loop="asyncio",
+                                proxy_headers=False)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 

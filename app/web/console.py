@@ -34,8 +34,7 @@ from litestar.response import Redirect, Template
 from litestar.template.config import TemplateConfig
 from redis.asyncio import Redis
 
-from app.auth import KEY_PREFIX
-from app.cache.decision.candidates import same_wording
+from app.auth import DEFAULT_TENANT, KEY_PREFIX
 from app.cache.decision.rules import intents_refuted
 from app.cache.decision.verify import INTENT_MATCH, READER_ACCEPTED
 from app.cache.learning.feedback import FeedbackError, FeedbackRequest
@@ -44,20 +43,16 @@ from app.cache.storage.contract import CACHE_ERRORS
 from app.cache.storage.intents import IntentRefits, RefitState
 from app.cache.storage.invalidation import Invalidated, Invalidation, InvalidationError, NothingThere
 from app.cache.storage.keys import (
-    FIELD_ANSWER,
-    FIELD_CATEGORY,
     FIELD_QUESTION,
-    FIELD_ROOT,
     FIELD_TENANT,
     Keyspace,
     as_text,
     layers_key,
-    normalize_text,
 )
 from app.cache.storage.recent import RECENT_HITS
 from app.cache.storage.usage import LAYERS
+from app.curated import AlreadyCurated, CuratedAnswers, CuratedError, NoSuchCurated
 from app.errors import StrataError
-from app.faq import FaqItem, curated_completion, load_faq_in_buckets, remove_model_copies
 from app.intents import IntentsFileError, refit_intents
 from app.lifespan import Resources, sweep_generations_after, sweep_versions_after
 from app.policy import AdaptiveSemantic
@@ -65,7 +60,7 @@ from app.web.guard import ConsoleGuard, token_prefix
 from app.web.headers import security_headers
 from app.web.overview import CURVE_SLOT_MINUTES, LayerFigures, layer_figures
 from app.web.sessions import SESSION_COOKIE, SESSION_TTL_S, ConsoleSession, SessionSigner
-from app.web.words import MESSAGES, VERDICT_WORDS, verdict_words
+from app.web.words import MESSAGES, VERDICT_WORDS, counted, verdict_words
 
 logger = logging.getLogger("strata.console")
 
@@ -75,6 +70,8 @@ OVERVIEW_MINUTES = 120
 # Audit entries the review page reads for hits marked wrong and reviews settled.
 AUDIT_SCANNED = 500
 ITEM_ID = re.compile(r"^[0-9a-f]{24}$")
+# The layers the served page tells apart.
+SERVED_LAYERS = ("exact", "semantic")
 # Rows per page of the served, review and audit lists.
 PAGE_SIZE = 25
 # Audit entries the audit page searches and pages through.
@@ -91,6 +88,7 @@ def template_config() -> TemplateConfig[JinjaTemplateEngine]:
     environment = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(default=True))
     environment.filters["utc"] = _utc
     environment.filters["verdict_words"] = verdict_words
+    environment.filters["counted"] = counted
     environment.globals["zip"] = zip
     return TemplateConfig(instance=JinjaTemplateEngine.from_environment(environment))
 
@@ -266,7 +264,7 @@ class ConsoleController(Controller):
         """The sign-in form; it says so when the console is off, and how to turn it on."""
         admin_on = resources.admin.current() is not None
         return _page("login.html", None, resources, status=status, headers=headers, error=error, admin_on=admin_on,
-                     operators_on=resources.tenants.configured, token_source=resources.admin.source)
+                     operators_on=resources.tenants.configured)
 
     @post("/login")
     async def login(self, request: Request[Any, Any, Any], resources: Resources) -> Response[Any]:
@@ -387,20 +385,24 @@ class ConsoleController(Controller):
 
     @get("/served")
     async def served(self, request: Request[Any, Any, Any], resources: Resources, tenant: str | None = None,
-                     category: str | None = None, verdict: str | None = None, q: str = "", page: int = 1) -> Template:
-        """This worker's recent semantic hits: both questions, the similarity, the rule, the answer."""
+                     category: str | None = None, verdict: str | None = None, layer: str | None = None, q: str = "",
+                     page: int = 1) -> Template:
+        """This worker's recent hits, exact and semantic: both questions, the similarity, the rule,
+        the answer actually returned; searchable."""
         session = await _session(request, resources)
         if _elsewhere(session, tenant):
             return _forbidden(session, resources, "You cannot see another tenant's hits.")
         shown = _tenant_of(session, tenant)
         hits = resources.recent.latest(tenant=shown, category=category or None, verdict=verdict or None,
-                                       count=RECENT_HITS)
+                                       layer=layer if layer in SERVED_LAYERS else None, count=RECENT_HITS)
         listing = _paged(hits, page, q, lambda h: (h.asked, h.cached, h.answer), "/console/served",
-                         {"tenant": tenant or "", "category": category or "", "verdict": verdict or ""})
+                         {"tenant": tenant or "", "category": category or "", "verdict": verdict or "",
+                          "layer": layer or ""})
         every = resources.recent.latest(tenant=session.tenant, count=RECENT_HITS)
         tenants = sorted({h.tenant for h in every})
         return _page("served.html", session, resources, hits=listing, tenant=tenant or "", category=category or "",
-                     verdict=verdict or "", message=_message(request, session, resources),
+                     verdict=verdict or "", layer=layer or "", layers=SERVED_LAYERS,
+                     message=_message(request, session, resources),
                      tenant_counts=[(t, sum(h.tenant == t for h in every)) for t in tenants])
 
     @post("/served/wrong")
@@ -532,111 +534,73 @@ class ConsoleController(Controller):
         session = await _session(request, resources)
         if _elsewhere(session, tenant):
             return _forbidden(session, resources, "You cannot see another tenant's curated answers.")
-        shown = _tenant_of(session, tenant)
-        entries = await self._curated_entries(resources, shown)
-        every = entries if shown is None else await self._curated_entries(resources, session.tenant)
-        tenants = sorted({e["tenant"] for e in every})
-        default = "faq" if "faq" in _semantic_categories(resources) else ""
-        return _page("curated.html", session, resources, entries=entries, tenant=shown or "",
-                     message=_message(request, session, resources), default_category=default,
-                     tenant_counts=[(t, sum(e["tenant"] == t for e in every)) for t in tenants])
+        return await self._curated_page(request, resources, session, _tenant_of(session, tenant))
 
     @staticmethod
-    async def _curated_entries(resources: Resources, tenant: str | None) -> list[dict[str, Any]]:
-        found: list[dict[str, Any]] = []
-        for redis, keys, tag in _keyspaces(resources):
-            async for set_key in redis.scan_iter(match=keys.faq_set_key(tag, "*"), count=500):
-                name = str(as_text(set_key)).rsplit(":", 1)[-1]
-                variants: dict[str, list[str]] = {}
-                entries: list[dict[str, Any]] = []
-                for member in sorted(str(as_text(m)) for m in await redis.smembers(set_key)):
-                    question, answer, root, owner, category = await redis.hmget(
-                        member, [FIELD_QUESTION, FIELD_ANSWER, FIELD_ROOT, FIELD_TENANT, FIELD_CATEGORY])
-                    if question is None:
-                        continue  # gone
-                    if str(as_text(root)) != member:
-                        variants.setdefault(str(as_text(root)), []).append(str(as_text(question)))
-                        continue
-                    owner_text = str(as_text(owner))
-                    if tenant is not None and owner_text != tenant:
-                        continue
-                    entries.append({"key": member, "file": name, "question": str(as_text(question)),
-                                    "answer": _answer_text(answer), "tenant": owner_text,
-                                    "category": str(as_text(category))})
-                found.extend({**e, "variants": sorted(variants.get(e["key"], []))} for e in entries)
-        return sorted(found, key=lambda e: (e["tenant"], e["category"], e["question"]))
+    async def _curated_page(request: Request[Any, Any, Any], resources: Resources, session: ConsoleSession,
+                            shown: str | None, *, status: int = 200, refusal: str = "",
+                            typed: dict[str, str] | None = None) -> Template:
+        """The curated page; after a refused add, with the refusal and what was typed kept."""
+        service = CuratedAnswers(resources.cache, resources.policy)
+        entries = await service.entries(shown)
+        every = entries if shown is None else await service.entries(session.tenant)
+        tenants = sorted({e.tenant for e in every})
+        default = "faq" if "faq" in _semantic_categories(resources) else ""
+        return _page("curated.html", session, resources, status=status, entries=entries, tenant=shown or "",
+                     message=_message(request, session, resources), default_category=default, refusal=refusal,
+                     typed=typed or {}, tenant_counts=[(t, sum(e.tenant == t for e in every)) for t in tenants])
 
     @post("/curated/save")
     async def save_curated(self, request: Request[Any, Any, Any], resources: Resources) -> Response[Any]:
-        """Edit a curated answer (``key`` given) or add one with its variants; either way the model's
-        answers to its question and variants are removed in both layers, so the next request gets
-        the curated text. Audited."""
+        """Edit a curated answer (``key`` given) or add one with its variants (the curated
+        service, app/curated.py: the model's answers to its words go, in both layers). Audited."""
         session, form = await _change(request, resources)
-        answer = form.get("answer", "").strip()
-        if not answer:
-            return _page("error.html", session, resources, status=400, refusal="An answer must not be empty.")
-        key = form.get("key", "")
-        who = _who(session, request)
         if _elsewhere(session, form.get("tenant", "").strip()):
             return _forbidden(session, resources, "You cannot add curated answers for another tenant.")
-        if key:
-            entry = next((e for e in await self._curated_entries(resources, session.tenant) if e["key"] == key), None)
-            if entry is None:
-                return _forbidden(session, resources, "No such curated answer of yours.")
-            await self._rewrite_answer(resources, entry, answer)
-            item = FaqItem(category=entry["category"], question=entry["question"], answer=answer,
-                           tenant=entry["tenant"], variants=entry["variants"])
-            replaced = await self._remove_model_copies(resources, item)
-            done = Invalidated(kind="curated", target=f"edit {key}", deleted=replaced)
-            request_fields: dict[str, object] = {"question": entry["question"], "answer": answer,
-                                                 "tenant": entry["tenant"], "category": entry["category"]}
-            variants = entry["variants"]
-        else:
-            tenant = session.tenant or form.get("tenant", "").strip() or "default"
-            category, question = form.get("category", "faq"), normalize_text(form.get("question", ""))
-            variants = list(dict.fromkeys(v for v in (normalize_text(line) for line in form.get("variants", "").splitlines())
-                                          if v and v != question))
-            if category not in _semantic_categories(resources) or not question:
-                return _page("error.html", session, resources, status=400,
-                             refusal="A curated answer needs a question and a category with a semantic layer.")
-            existing = [e for e in await self._curated_entries(resources, tenant) if e["category"] == category
-                        and (same_wording(question, e["question"]) or any(same_wording(question, v) for v in e["variants"]))]
-            if existing:
-                return _page("error.html", session, resources, status=409, refusal=(
-                    f"“{question}” is curated already in {category} for tenant {tenant} (file {existing[0]['file']}, "
-                    f"as “{existing[0]['question']}”): edit that answer instead."))
-            name = "console-" + hashlib.sha256(f"{tenant}\x1f{category}\x1f{question}".encode()).hexdigest()[:16]
-            item = FaqItem(category=category, question=question, answer=answer, tenant=tenant, variants=variants)
-            loaded = await load_faq_in_buckets(resources.cache, [item], name, resources.policy)
-            replaced = loaded.replaced
-            done = Invalidated(kind="curated", target=f"add {name}", deleted=loaded.keys_removed)
-            request_fields = {"question": question, "variants": variants, "answer": answer, "tenant": tenant,
-                              "category": category}
-        await resources.cache.invalidator.audit_log.record_event(who=who, done=done, request=request_fields)
-        detail = (f"“{_short(item.question)}”{f' and {len(variants)} variants' if variants else ''}: "
-                  f"{replaced} cached model answer{'' if replaced == 1 else 's'} to the same words removed.")
+        service = CuratedAnswers(resources.cache, resources.policy)
+        key, answer = form.get("key", ""), form.get("answer", "")
+        variants = [line for line in form.get("variants", "").splitlines() if line.strip()]
+        try:
+            if key:
+                saved = await service.edit(key, answer=answer, variants=variants if "variants" in form else None,
+                                           tenant=session.tenant)
+                target = f"edit {key}"
+            else:
+                tenant = session.tenant or form.get("tenant", "").strip() or "default"
+                saved = await service.add(tenant=tenant, category=form.get("category", ""),
+                                          question=form.get("question", ""), answer=answer, variants=variants)
+                target = f"add {saved.entry.file}"
+        except NoSuchCurated:
+            return _forbidden(session, resources, "No such curated answer of yours.")
+        except CuratedError as exc:
+            # The add form keeps what was typed: the operator fixes it, not types it again.
+            return await self._curated_page(
+                request, resources, session, session.tenant, status=409 if isinstance(exc, AlreadyCurated) else 400,
+                refusal=str(exc), typed={} if key else {k: form.get(k, "") for k in ("tenant", "category", "question",
+                                                                                      "variants", "answer")})
+        entry = saved.entry
+        await resources.cache.invalidator.audit_log.record_event(
+            who=_who(session, request), done=Invalidated(kind="curated", target=target, deleted=saved.keys_removed),
+            request={"question": entry.question, "variants": list(entry.variants), "answer": entry.answer,
+                     "tenant": entry.tenant, "category": entry.category, "replaced": saved.replaced})
+        and_variants = f" and {counted(len(entry.variants), 'variant')}" if entry.variants else ""
+        detail = (f"“{_short(entry.question)}”{and_variants}: "
+                  f"{counted(saved.replaced, 'cached model answer')} to the same words removed.")
         return _done("/console/curated", session, resources, "curated-saved", detail)
 
-    @staticmethod
-    async def _remove_model_copies(resources: Resources, item: FaqItem) -> int:
-        bucket = resources.cache.each[resources.cache.buckets.of(item.tenant, item.category)]
-        tag = resources.cache.known_version
-        if bucket.semantic is None or tag is None:
-            return 0
-        replaced, _ = await remove_model_copies(bucket.semantic, tag, [item])
-        return replaced
-
-    @staticmethod
-    async def _rewrite_answer(resources: Resources, entry: dict[str, Any], answer: str) -> None:
-        """The new answer on the entry and on each of its variants (documents of its file)."""
-        tag = resources.cache.known_version
-        completion = curated_completion(answer, int(time.time()))
-        for bucket in resources.cache.each:
-            redis, keys = bucket.bucket.redis, bucket.bucket.keys
-            members = await redis.smembers(keys.faq_set_key(str(tag), entry["file"]))
-            for member in members:
-                if str(as_text(await redis.hget(member, FIELD_ROOT))) == entry["key"]:
-                    await redis.hset(member, FIELD_ANSWER, completion)
+    @post("/curated/remove")
+    async def remove_curated(self, request: Request[Any, Any, Any], resources: Resources) -> Response[Any]:
+        """Remove a curated answer and its variants: its words are the model's to answer again. Audited."""
+        session, form = await _change(request, resources)
+        try:
+            entry = await CuratedAnswers(resources.cache, resources.policy).remove(form.get("key", ""),
+                                                                                   tenant=session.tenant)
+        except NoSuchCurated:
+            return _forbidden(session, resources, "No such curated answer of yours.")
+        await resources.cache.invalidator.audit_log.record_event(
+            who=_who(session, request), done=Invalidated(kind="curated", target=f"remove {entry.key}"),
+            request={"question": entry.question, "tenant": entry.tenant, "category": entry.category})
+        return _done("/console/curated", session, resources, "curated-removed", f"“{_short(entry.question)}”")
 
     @get("/intents")
     async def intents(self, request: Request[Any, Any, Any], resources: Resources, tenant: str | None = None) -> Template:
@@ -652,13 +616,15 @@ class ConsoleController(Controller):
         tag, semantic = resources.cache.known_version, resources.cache.semantic
         for head in sorted(loaded, key=lambda h: (h.meta.tenant, h.meta.category)):
             m = head.meta
-            status, measured = ("serving" if m.threshold <= 1 else "serves nothing"), (0, 0)
+            status, measured = ("serving" if m.serving else "serves nothing"), (0, 0)
+            of_intent: dict[str, tuple[int, int]] = {}
             policy = resources.policy.categories.get(m.category)
             if semantic is not None and tag is not None and policy is not None and isinstance(policy.semantic, AdaptiveSemantic):
                 try:
                     counts = await semantic.adaptive.pooled.counts(tag, m.category, m.tenant)
                     watch = intents_refuted(counts, policy.semantic)
                     measured = (watch.wrong, watch.total)
+                    of_intent = dict(counts.of_intent)
                     if m.threshold <= 1 and watch.suspended:
                         status = "suspended: its measured hits refute the calibration"
                     elif m.threshold <= 1 and watch.set_aside:
@@ -671,7 +637,12 @@ class ConsoleController(Controller):
                     refit = await IntentRefits(resources.cache.shared).get(m.category, m.tenant)
                 except CACHE_ERRORS:
                     pass
+            counts_of = m.phrasings_of if len(m.phrasings_of) == len(m.intents) else [0] * len(m.intents)
+            per_intent = [{"intent": intent, "phrasings": n, "shared": shared, "measured": sum(of_intent.get(intent, (0, 0))),
+                           "wrong": of_intent.get(intent, (0, 0))[1]}
+                          for intent, n, shared in zip(m.intents, counts_of, m.shared, strict=True)]
             rows.append({"meta": m, "status": status, "explored": measured[1], "explored_wrong": measured[0],
+                         "per_intent": per_intent,
                          "hits": resources.recent.latest(tenant=m.tenant, category=m.category, verdict=INTENT_MATCH,
                                                          count=RECENT_HITS), "refit": refit})
         return _page("intents.html", session, resources, heads=rows, tenant=shown or "",
@@ -705,7 +676,14 @@ class ConsoleController(Controller):
     @get("/invalidate")
     async def invalidate_form(self, request: Request[Any, Any, Any], resources: Resources) -> Template:
         session = await _session(request, resources)
-        return _page("invalidate.html", session, resources, confirm=None, done=None)
+        return _page("invalidate.html", session, resources, confirm=None, done=None,
+                     **await self._pickers(resources, session))
+
+    @staticmethod
+    async def _pickers(resources: Resources, session: ConsoleSession) -> dict[str, Any]:
+        """What the invalidate form offers to pick: every category, and the tenants an admin knows."""
+        tenants = {DEFAULT_TENANT, *resources.tenants.known_tenants()} if session.tenant is None else {session.tenant}
+        return {"all_categories": sorted(resources.policy.categories), "known_tenants": sorted(tenants)}
 
     @post("/invalidate")
     async def invalidate(self, request: Request[Any, Any, Any], resources: Resources) -> Template:
@@ -727,7 +705,8 @@ class ConsoleController(Controller):
                     return _forbidden(session, resources, "That entry is not your tenant's.")
             else:
                 if not fields and form.get("whole_tenant") != "yes":
-                    return _page("invalidate.html", session, resources, status=400, confirm=None, done=None, error=(
+                    return _page("invalidate.html", session, resources, status=400, confirm=None, done=None,
+                             **await self._pickers(resources, session), error=(
                         "Name what to invalidate, or tick “all of tenant "
                         f"{session.tenant}” to invalidate every entry of your tenant."))
                 fields["tenant"] = session.tenant
@@ -735,22 +714,30 @@ class ConsoleController(Controller):
             what = msgspec.convert(fields, Invalidation)
             resources.cache.invalidator.check(what)
         except (msgspec.ValidationError, InvalidationError) as exc:
-            return _page("invalidate.html", session, resources, status=400, confirm=None, done=None, error=str(exc))
+            return _page("invalidate.html", session, resources, status=400, confirm=None, done=None, error=str(exc),
+                         **await self._pickers(resources, session))
         if form.get("confirmed") != "yes":
             named = await self._question_of(resources, fields.get("key"))
-            return _page("invalidate.html", session, resources, confirm=fields, done=None, named=named)
+            try:
+                would_go: int | None = await resources.cache.invalidator.affected(what)
+            except CACHE_ERRORS:
+                would_go = None
+            return _page("invalidate.html", session, resources, confirm=fields, done=None, named=named,
+                         would_go=would_go, **await self._pickers(resources, session))
         try:
             done = await resources.cache.invalidator.invalidate(what, who=_who(session, request))
         except NothingThere as exc:
-            return _page("invalidate.html", session, resources, status=404, confirm=None, done=None, error=str(exc))
+            return _page("invalidate.html", session, resources, status=404, confirm=None, done=None, error=str(exc),
+                         **await self._pickers(resources, session))
         except InvalidationError as exc:
-            return _page("invalidate.html", session, resources, status=400, confirm=None, done=None, error=str(exc))
+            return _page("invalidate.html", session, resources, status=400, confirm=None, done=None, error=str(exc),
+                         **await self._pickers(resources, session))
         if done.kind == "everything":
             resources.spawn(sweep_versions_after(resources), f"sweep-{done.version}")
         elif done.kind == "scope":
             resources.spawn(sweep_generations_after(resources), f"sweep-{done.target}")
         return _page("invalidate.html", session, resources, confirm=None, done=msgspec.to_builtins(done),
-                     named=fields.get("question") or form.get("named", ""))
+                     named=fields.get("question") or form.get("named", ""), **await self._pickers(resources, session))
 
     @staticmethod
     async def _question_of(resources: Resources, key: str | None) -> str:

@@ -29,8 +29,10 @@ from app.cache.decision.verify import (
 )
 from app.cache.readers.judge import JUDGE_ACCEPTED, JUDGE_FAILED, JUDGE_REJECTED
 from app.cache.semantic import QUESTION_TOO_LONG
+from app.cache.storage.recent import EXACT_REPEAT
 
 VERDICT_WORDS = {
+    EXACT_REPEAT: "the same request again, word for word (the exact layer)",
     BELOW_THRESHOLD: "not similar enough",
     NUMBERS_DIFFER: "the questions name different numbers",
     VALUES_DIFFER: "the questions name different values (ids, dates, amounts)",
@@ -74,7 +76,22 @@ MESSAGES = {
     "rejected": "Rejected: this answer is not served there.",
     "not-applied": "Not applied: the entry is gone or full.",
     "curated-saved": "Saved: the next request gets it.",
+    "curated-removed": "Removed: the model answers these words again.",
     "signed-out": "Signed out.",
     "refit-started": "Refit started: the head is fitted and calibrated again; this page shows when it is done.",
     "refit-running": "A refit is running already.",
 }
+
+
+# Nouns whose plural is not the noun and an "s".
+_PLURALS = {"entry": "entries", "reply": "replies"}
+
+
+def counted(number: int, noun: str) -> str:
+    """``1 variant``, ``2 variants``, ``1 entry``, ``3 entries``: a count with its noun agreeing;
+    the last word of ``noun`` takes the plural."""
+    if number == 1:
+        return f"{number} {noun}"
+    head, _, last = noun.rpartition(" ")
+    plural = _PLURALS.get(last, last + "s")
+    return f"{number} {head + ' ' if head else ''}{plural}"

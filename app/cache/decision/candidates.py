@@ -3,18 +3,22 @@ answers, and whether two questions are one wording."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
 from app.cache.storage.contract import CorruptEntry, Nearest, Neighbour
-from app.cache.storage.keys import FIELD_ANSWER, FIELD_QUESTION, FIELD_ROOT, FIELD_SOURCE, SOURCE_MODEL, as_text
+from app.cache.storage.keys import (
+    FIELD_ANSWER,
+    FIELD_QUESTION,
+    FIELD_ROOT,
+    FIELD_SOURCE,
+    SOURCE_MODEL,
+    as_text,
+    fold_wording,
+)
 
 # Other entries of model answers handed to the learner with a candidate: the nearest few are
 # where a second entry of the same answer would be.
 NEIGHBOURS = 3
-
-
-_NOT_A_WORD = re.compile(r"[\W_]+")
 
 
 def same_wording(asked: str, cached: bytes | str) -> bool:
@@ -22,8 +26,8 @@ def same_wording(asked: str, cached: bytes | str) -> bool:
     answer's own question or variant is asked again). Narrower than
     :meth:`CandidateCheck.same_content` on purpose: "why must I verify my identity" and "how do
     I verify my identity" share their content words, not their wording."""
-    folded = _NOT_A_WORD.sub("", asked.casefold())
-    return bool(folded) and folded == _NOT_A_WORD.sub("", str(as_text(cached)).casefold())
+    folded = fold_wording(asked)
+    return bool(folded) and folded == fold_wording(str(as_text(cached)))
 
 
 def check_row(row: Nearest) -> None:

@@ -126,6 +126,27 @@ def fewest_to_show(rate: float, delta: float = DELTA, tests: int = 1) -> int:
     return math.ceil(math.log(delta / tests) / math.log1p(-rate))
 
 
+def best_bound_shown(phrasings: int, delta: float = DELTA, tests: int = 1) -> float:
+    """The lowest wrong share that ``phrasings`` held-out phrasings, every one served and none
+    wrong, could show at ``delta / tests``: the inverse of :func:`fewest_to_show`."""
+    return float(1.0 - (delta / tests) ** (1.0 / max(1, phrasings)))
+
+
+def why_it_serves_nothing(*, intents: int, phrasings: int, bound: float, delta: float) -> str:
+    """In plain words, why a calibration certified nothing and what would change that."""
+    tests = len(CHAIN_STARTS)
+    needed = fewest_to_show(bound, delta, tests)
+    best = best_bound_shown(phrasings, delta, tests)
+    per_intent = math.ceil(needed / max(1, intents))
+    return (f"serves nothing yet. To promise at most {bound:.1%} wrong hits ({1 - delta:.0%} sure), the team's own "
+            f"phrasings, each held out in turn, must be served at least {needed} times with none wrong; this file has "
+            f"{phrasings} ({phrasings / max(1, intents):.1f} per intent), so the lowest it could show is {best:.1%} wrong, "
+            f"however accurate the head. To serve: about {per_intent} phrasings per intent ({max(0, needed - phrasings)} "
+            f"more in all, more if some are read unsure), or an error_bound of {best:.1%} for the category "
+            f"(schemas/policy.yaml). Until then this rule gives no hit, whatever the traffic; the head already sets "
+            f"aside cached answers it reads as another intent, and the category's other rules serve as without intents.")
+
+
 def risk_level(confidence: float) -> float:
     """The calibration's delta for a category: 95% confidence at least, the category's if higher."""
     return min(DELTA, 1.0 - confidence)

@@ -28,7 +28,7 @@ from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisClusterException, RedisError
-from redis.retry import Retry
+from redis.asyncio.retry import Retry
 
 from app.cache.storage.keys import BUCKETS_KEY, KEYS, Keyspace, as_text
 from app.settings import RedisSettings

@@ -18,6 +18,7 @@ from redis.typing import EncodableT
 
 from app.cache.storage.contract import CacheQuery, CorruptEntry
 from app.cache.storage.keys import (
+    CURATED_MARK,
     FIELD_ANSWER,
     FIELD_CATEGORY,
     FIELD_CREATED_AT,
@@ -186,6 +187,22 @@ return {1, false}
 """
 
 
+# The exact layer's write: the same, and the entry joins its wording's set (one wording's copies
+# under every system prompt and parameter, which a curated answer removes whole), unless a curated
+# answer owns the wording: then nothing is stored ({3}), so an answer that was in flight while the
+# operator saved cannot shadow the curated one. KEYS: version, entry, scopes, wording set.
+_WRITE_EXACT_IF_CURRENT = CHECK_CURRENT + f"""
+if redis.call('SISMEMBER', KEYS[4], '{CURATED_MARK}') == 1 then return {{3, false}} end
+redis.call('HSET', KEYS[2], unpack(ARGV, 7))
+redis.call('EXPIRE', KEYS[2], ARGV[6])
+redis.call('SADD', KEYS[4], KEYS[2])
+if redis.call('TTL', KEYS[4]) < tonumber(ARGV[6]) then redis.call('EXPIRE', KEYS[4], ARGV[6]) end
+return {{1, false}}
+"""
+# What the exact write answers when a curated answer owns the wording.
+_CURATED_OWNS = 3
+
+
 class EntryWriter:
     """Writes entries of one keyspace, each in one script with its TTL and the check above.
 
@@ -196,10 +213,15 @@ class EntryWriter:
 
     def __init__(self, redis: Redis, keys: Keyspace) -> None:
         self._script = redis.register_script(_WRITE_IF_CURRENT)
+        self._exact_script = redis.register_script(_WRITE_EXACT_IF_CURRENT)
         self._keys = keys
 
-    async def write(self, key: str, entry: CacheEntry, query: CacheQuery) -> None:
-        """Store ``entry`` under ``key`` with its TTL.
+    async def write(self, key: str, entry: CacheEntry, query: CacheQuery, *, wording_key: str | None = None) -> bool:
+        """Store ``entry`` under ``key`` with its TTL; with ``wording_key`` (the exact layer's
+        entries of a text question), as one of that wording's copies.
+
+        Returns:
+            ``False`` when a curated answer owns the wording (nothing written).
 
         Raises:
             StaleVersion: The version tag moved since ``query`` was planned (nothing written).
@@ -209,5 +231,10 @@ class EntryWriter:
                            *scope_fields(query.category.name, query.canonical.tenant), entry.ttl_seconds]
         for name, value in entry.to_hash().items():
             args += (name, value)
-        found, value = await self._script(keys=[self._keys.version_key, key, self._keys.scopes_key], args=args)
+        keys = [self._keys.version_key, key, self._keys.scopes_key]
+        if wording_key is None:
+            found, value = await self._script(keys=keys, args=args)
+        else:
+            found, value = await self._exact_script(keys=[*keys, wording_key], args=args)
         raise_if_moved(found, value)
+        return int(found) != _CURATED_OWNS

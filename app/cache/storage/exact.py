@@ -6,7 +6,17 @@ from redis.asyncio import Redis
 
 from app.cache.storage.contract import CacheHit, CacheQuery
 from app.cache.storage.entry import CacheEntry, EntryWriter
-from app.cache.storage.keys import FIELD_ANSWER, FIELD_HITS, KEYS, Keyspace, scope_fields
+from app.cache.storage.keys import (
+    FIELD_ANSWER,
+    FIELD_CATEGORY,
+    FIELD_HITS,
+    FIELD_QUESTION,
+    FIELD_TENANT,
+    KEYS,
+    Keyspace,
+    as_text,
+    scope_fields,
+)
 from app.cache.storage.version import CHECK_CURRENT, raise_if_moved
 
 EXACT = "exact"
@@ -24,6 +34,27 @@ return {{1, answer}}
 
 def exact_key(query: CacheQuery, keys: Keyspace = KEYS) -> str:
     return keys.exact_prefix(query.version) + query.entry_digest
+
+
+def wording_key_of(query: CacheQuery, keys: Keyspace = KEYS) -> str | None:
+    """The wording set an exact entry joins: a text question of a category that curated answers
+    can own (one with a semantic layer); ``None`` for any other request."""
+    question = query.canonical.question
+    if not question or not query.category.semantic.enabled:
+        return None
+    return keys.wording_key(query.version, query.canonical.tenant, query.category.name, question)
+
+
+async def wording_keys_of(redis: Redis, keys: Keyspace, tag: str, documents: list[str]) -> set[str]:
+    """The wording sets of stored documents (their question, tenant and category read back)."""
+    if not documents:
+        return set()
+    async with redis.pipeline(transaction=False) as pipe:
+        for document in documents:
+            pipe.hmget(document, [FIELD_QUESTION, FIELD_TENANT, FIELD_CATEGORY])
+        rows = await pipe.execute()
+    return {keys.wording_key(tag, str(as_text(tenant)), str(as_text(category)), str(as_text(question)))
+            for question, tenant, category in rows if question is not None and tenant is not None and category is not None}
 
 
 class ExactCache:
@@ -66,7 +97,8 @@ class ExactCache:
         key = exact_key(query, self._keys)
         self._unwritten[key] = completion
         try:
-            await self._writer.write(key, CacheEntry.for_query(query, completion), query)
+            await self._writer.write(key, CacheEntry.for_query(query, completion), query,
+                                     wording_key=wording_key_of(query, self._keys))
         finally:
             if self._unwritten.get(key) is completion:
                 del self._unwritten[key]

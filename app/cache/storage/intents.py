@@ -89,6 +89,14 @@ class HeadMeta(msgspec.Struct, frozen=True, kw_only=True):
     loaded_at: int
     confused: list[tuple[str, str, int]] = msgspec.field(default_factory=list)
     beyond_band: bool = False
+    # Phrasings of each intent, in the order of ``intents`` (empty in heads loaded before it was kept).
+    phrasings_of: list[int] = msgspec.field(default_factory=list)
+    # The risk the calibration ran at (1 - its confidence).
+    delta: float = 0.05
+
+    @property
+    def serving(self) -> bool:
+        return self.threshold <= 1
 
 
 class IntentGuess(msgspec.Struct, frozen=True, kw_only=True):

@@ -14,15 +14,17 @@ import asyncio
 import logging
 import re
 import time
+from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 import msgspec
 from redis.asyncio import Redis
 
 from app.cache.storage.contract import CacheHit, CacheQuery, Candidate, SharedRedis
-from app.cache.storage.exact import exact_key
+from app.cache.storage.exact import exact_key, wording_keys_of
 from app.cache.storage.keys import (
     AUDIT_KEY,
+    CURATED_MARK,
     FAQ_SET_NAME,
     FIELD_CATEGORY,
     FIELD_GENERATION,
@@ -193,6 +195,8 @@ class Invalidator(Protocol):
 
     def for_key(self, key: str) -> CacheInvalidator: ...
 
+    async def affected(self, what: Invalidation) -> int: ...
+
 
 class CacheInvalidator:
     """Carries out invalidations against one Redis (or one cluster bucket).
@@ -277,13 +281,45 @@ class CacheInvalidator:
             done = Invalidated(kind=kind, target=what.faq, deleted=await self._delete_faq(what.faq))
         return done
 
-    async def _delete_user(self, tenant: str, user: str, category: str | None, batch: int = 500) -> int:
+    async def _delete_user(self, tenant: str, user: str, category: str | None) -> int:
         """Delete every entry (exact, semantic, and so their aliases) of one user of a tenant in the
         current version. An answer being written back for that user meanwhile may still land: it
         is that user's own, served to nobody else, and expires with its TTL."""
+        deleted = 0
+        async for mine in self._entries(tenant=tenant, user=user, category=category):
+            deleted += int(await self._redis.unlink(*mine))
+        return deleted
+
+    async def affected(self, what: Invalidation) -> int:
+        """How many entries (exact and semantic, curated answers apart) an invalidation would
+        take, for a confirmation; a scan of the keyspace for scopes, so an operator's step only."""
+        kind = what.kind
+        if kind == "key":
+            assert what.key is not None
+            if not await self._redis.exists(what.key):
+                return 0
+            root = as_text(await self._redis.hget(what.key, FIELD_ROOT))
+            if root is None or self._semantic is None:
+                return 1  # an exact entry: itself
+            return len(await self._semantic.documents_of(await self._versions.refresh(), root) | {root})
+        if kind == "question":
+            try:
+                return len(await self.copies_of_question(what))
+            except NothingThere:
+                return 0
+        if kind == "faq":
+            return int(await self._redis.scard(self._versions.keys.faq_set_key(await self._versions.refresh(), what.faq or "")))
+        counted = 0
+        async for chunk in self._entries(tenant=what.tenant, user=what.user, category=what.category):
+            counted += len(chunk)
+        return counted
+
+    async def _entries(self, *, tenant: str | None, user: str | None, category: str | None,
+                       batch: int = 500) -> AsyncIterator[list[bytes]]:
+        """The model's entries of the current version (both layers) in a scope, a batch at a time;
+        ``None`` matches anything."""
         tag = await self._versions.refresh()
         keys = self._versions.keys
-        deleted = 0
         for prefix in (keys.exact_prefix(tag), keys.semantic_prefix(tag)):
             found = [k async for k in self._redis.scan_iter(match=prefix + "*", count=1000) if b":faq-" not in k]
             for start in range(0, len(found), batch):
@@ -292,11 +328,11 @@ class CacheInvalidator:
                     for key in chunk:
                         pipe.hmget(key, [FIELD_TENANT, FIELD_USER, FIELD_CATEGORY])
                     rows = await pipe.execute()
-                mine = [key for key, (t, u, c) in zip(chunk, rows, strict=True)
-                        if as_text(t) == tenant and as_text(u) == user and (category is None or as_text(c) == category)]
+                mine = [key for key, (t, u, c) in zip(chunk, rows, strict=True) if t is not None
+                        and (tenant is None or as_text(t) == tenant) and (user is None or as_text(u) == user)
+                        and (category is None or as_text(c) == category)]
                 if mine:
-                    deleted += int(await self._redis.unlink(*mine))
-        return deleted
+                    yield mine
 
     def for_key(self, key: str) -> CacheInvalidator:
         """The invalidator of the keyspace holding ``key`` (this one on a single Redis)."""
@@ -359,10 +395,14 @@ class CacheInvalidator:
         keys = await self._redis.smembers(set_key)
         if not keys:
             raise NothingThere(f"no curated answers loaded under {name!r}")
+        # Their wordings are the model's to answer again.
+        released = await wording_keys_of(self._redis, self._versions.keys, tag, [str(as_text(k)) for k in keys])
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.unlink(*keys)
             pipe.unlink(set_key)
-            deleted, _ = await pipe.execute()
+            for wording in released:
+                pipe.srem(wording, CURATED_MARK)
+            deleted, *_ = await pipe.execute()
         return int(deleted)
 
 

@@ -25,6 +25,10 @@ Redis key layout (every name readable with ``redis-cli``)::
                                            capped, cut), for the learned max_tokens
     strata:vN:sem:faq-<sha256>     HASH    a curated answer (`strata faq load`), or one of its variants
     strata:vN:faqset:<name>        SET     the keys one `strata faq load` file wrote (replaced on reload)
+    strata:vN:wording:<sha256>     SET     one wording's exact entries in a tenant's category (whatever the
+                                           system prompt, parameters, user or protocol), so a curated answer
+                                           removes them all; its member `curated` while a curated answer owns
+                                           the wording, and no model answer to it is stored (app/curated.py)
     strata:meta:response_id_secret STRING  the secret hits' response ids are signed with, when
                                            STRATA_RESPONSE_ID_SECRETS is unset (app/cache/learning/receipts.py)
     strata:fb:<nonce>              STRING  the verdict given on one response (POST /v1/feedback), until
@@ -216,6 +220,16 @@ def faq_scope_digest(tenant: str, category: str) -> str:
     return _digest(["faq", tenant, category])
 
 
+# The member of a wording set (``Keyspace.wording_key``) while a curated answer owns that wording.
+CURATED_MARK = "curated"
+_NOT_A_WORD = re.compile(r"[\W_]+")
+
+
+def fold_wording(text: str) -> str:
+    """A question up to case, spaces and punctuation: what makes two askings one wording."""
+    return _NOT_A_WORD.sub("", text.casefold())
+
+
 # The name of a curated-answer file (``strata faq load --name``), part of its set's key.
 FAQ_SET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -274,6 +288,10 @@ class Keyspace(msgspec.Struct, frozen=True):
 
     def faq_set_key(self, tag: str, name: str) -> str:
         return f"{self.namespace}:{tag}:faqset:{name}"
+
+    def wording_key(self, tag: str, tenant: str, category: str, question: str) -> str:
+        """The exact entries of one wording in a tenant's category (and the curated mark)."""
+        return f"{self.namespace}:{tag}:wording:{_digest(['wording', tenant, category, fold_wording(question)])}"
 
     def review_key(self, tag: str, category: str, tenant: str) -> str:
         """A tenant's review queue in a category (app/cache/learning/review.py): item id -> times asked."""
