@@ -148,13 +148,13 @@ class IntentsLoaded(msgspec.Struct, frozen=True, kw_only=True):
 
     def line(self) -> str:
         m = self.meta
-        # What the rule does, or why it serves nothing and what would change that, comes last: it
-        # is what the team acts on.
+        # One line; what the rule does, or why it serves nothing and what would change that, comes
+        # last: it is what the team acts on.
         return (f"loaded {m.phrasings} phrasings of {len(m.intents)} intents as {m.name!r} for tenant {m.tenant!r} in "
                 f"{m.category!r}: cross-validated accuracy {m.accuracy:.1%}; it would serve "
                 f"{m.served_share:.1%} of the team's held-out phrasings ({m.held_out_wrong:.2%} of them wrong); "
                 f"{self.labelled} cached documents labelled, {self.answers} intent answers stored; {self.seconds:.0f} s "
-                f"({self.embedding_seconds:.0f} s embedding, {self.fitting_seconds:.0f} s fitting and calibrating)\n"
+                f"({self.embedding_seconds:.0f} s embedding, {self.fitting_seconds:.0f} s fitting and calibrating); "
                 f"rule: {m.rule}")
 
 

@@ -274,6 +274,10 @@ def test_make_ups_first_run_writes_an_admin_token_the_console_signs_in_with_and_
     settings = strata_settings(redis_url, fake_upstream.url, semantic_enabled=True, admin_token=None,
                                admin_token_file=str(token_file))
     with serve_strata(settings, use_encoder) as server:
+        # The sign-in page, which anyone reaches, does not show where on the server the token is.
+        anyone = browser.new_context().new_page()
+        anyone.goto(server.url + "/console/login")
+        assert str(token_file) not in anyone.content() and str(tmp_path) not in anyone.content()
         page = signed_in(browser, server.url, token)
         assert "every tenant" in page.locator("header").inner_text()
         # Rotated (a new file): the session signed in with the old token is over at its next request.
@@ -528,3 +532,115 @@ def test_the_intents_page_shows_a_teams_head_its_rule_and_its_twins(
     subprocess.run([sys.executable, "-m", "app.cli", "intents", "remove", "--category", "console"], cwd=ROOT,
                    capture_output=True, env={**os.environ, "STRATA_REDIS_URL": redis_url,
                                              "STRATA_POLICY_FILE": "tests/fixtures/policy.yaml"})
+
+
+# A support lead's file: 8 intents x 6 phrasings (issue #56 item 4).
+LEAD_FILE = {
+    "change_address": ["how do i change my delivery address", "change the shipping address of my order",
+                       "i moved, update my address", "can i edit where my parcel goes", "new delivery address please",
+                       "update shipping address"],
+    "cancel_order": ["cancel my order", "how do i cancel an order", "i want to cancel what i bought",
+                     "stop my order please", "can i still cancel", "cancel the purchase"],
+    "refund_status": ["where is my refund", "has my refund been sent", "refund not received yet",
+                      "when do i get my money back", "status of my refund", "refund still pending"],
+    "track_parcel": ["where is my parcel", "track my package", "has my order shipped", "tracking number please",
+                     "when will my parcel arrive", "parcel location"],
+    "return_item": ["how do i return an item", "send something back", "return policy for shoes",
+                    "i want to return my order", "start a return", "can i return this"],
+    "payment_methods": ["which payment methods do you accept", "can i pay with paypal", "do you take credit cards",
+                        "pay by bank transfer", "is cash on delivery possible", "payment options"],
+    "opening_hours": ["when are you open", "opening hours of the store", "are you open on sunday",
+                      "what time do you close", "store hours", "holiday opening times"],
+    "reset_password": ["i forgot my password", "reset my password", "cannot log in, password lost",
+                       "change my login password", "password reset link", "how to recover my account password"],
+}
+
+
+def test_a_small_teams_intents_say_why_they_serve_nothing_and_what_would_change_it(
+        strata: str, browser: Any, redis_url: str, redis_sync: redis.Redis, tmp_path: Path) -> None:
+    path = tmp_path / "lead.csv"
+    path.write_text("text,intent\n" + "".join(f'"{t}",{i}\n' for i, texts in LEAD_FILE.items() for t in texts))
+    env = {**os.environ, "STRATA_REDIS_URL": redis_url, "STRATA_POLICY_FILE": "tests/fixtures/policy.yaml"}
+    loaded = subprocess.run([sys.executable, "-m", "app.cli", "intents", "load", str(path), "--category", "console"],
+                            cwd=ROOT, capture_output=True, text=True, env=env)
+    assert loaded.returncode == 0, loaded.stderr
+    assert "Warning" not in loaded.stderr, loaded.stderr  # nothing before the command's own words
+    # The last line says why in plain words, and what would change that.
+    last = loaded.stdout.strip().splitlines()[-1]
+    assert "rule: serves nothing yet" in last and "46 phrasings per intent" in last, last
+    assert last.index("loaded 48 phrasings") < last.index("rule: serves nothing yet"), last
+    assert "48 (6.0 per intent)" in last and "error_bound of" in last, last
+    try:
+        page = signed_in(browser, strata, ADMIN_TOKEN)
+        card = page.locator('.intents-card[data-category="console"]')
+        assert eventually(lambda: (page.goto(strata + "/console/intents"), card.count())[1], timeout=15)
+        why = card.locator(".why-nothing").inner_text()
+        assert "Why it serves nothing" in why and "46 phrasings per intent" in why and "already sets aside" in why, why
+        rows = card.locator(".intent-list tr.intent-row")
+        assert rows.count() == 8 and all(r.split("\t")[1] == "6" for r in rows.all_inner_texts()), rows.all_inner_texts()
+        shot(page, "intents-small-file")
+    finally:
+        removed = subprocess.run([sys.executable, "-m", "app.cli", "intents", "remove", "--category", "console"],
+                                 cwd=ROOT, capture_output=True, text=True, env=env)
+    assert removed.returncode == 0, removed.stderr
+    audited = [(f[b"who"].decode(), f[b"target"].decode()) for _, f in redis_sync.xrevrange("strata:meta:audit", count=20)
+               if f.get(b"kind") == b"intents"]
+    assert any(who.startswith("cli:") and target.startswith("load lead console") for who, target in audited), audited
+    assert any(who.startswith("cli:") and target.startswith("remove console") for who, target in audited), audited
+
+
+def test_the_add_form_keeps_what_was_typed_when_it_refuses_and_counts_agree(
+        strata: str, browser: Any, keys: dict[str, str]) -> None:
+    page = signed_in(browser, strata, ADMIN_TOKEN)
+    page.goto(strata + "/console/curated")
+    form = page.locator("#add-curated")
+    form.locator("select[name=category]").select_option("console")
+    form.locator("input[name=question]").fill("Do you gift wrap?")
+    form.locator("textarea[name=variants]").fill("gift wrapping")
+    form.locator("textarea[name=answer]").fill("Yes, for 2 euros.")
+    form.locator("button").click()
+    message = page.locator("#message").inner_text()
+    assert "and 1 variant:" in message and "0 cached model answers" in message, message
+    # Refused (the same question again): the page says why, and what was typed is still there.
+    form.locator("select[name=category]").select_option("console")
+    form.locator("input[name=question]").fill("do you gift-wrap")
+    form.locator("textarea[name=variants]").fill("wrap it as a present")
+    form.locator("textarea[name=answer]").fill("A long answer nobody wants to type twice.")
+    with page.expect_navigation() as navigation:
+        form.locator("button").click()
+    assert navigation.value.status == 409 and "curated already" in page.locator("#refused").inner_text()
+    assert form.locator("input[name=question]").input_value() == "do you gift-wrap"
+    assert form.locator("textarea[name=variants]").input_value() == "wrap it as a present"
+    assert form.locator("textarea[name=answer]").input_value() == "A long answer nobody wants to type twice."
+    assert form.locator("select[name=category]").input_value() == "console"
+    shot(page, "curated-refused-keeps-typing")
+    # Removed from the page: its words are the model's again.
+    entry = page.locator(".curated-entry", has=page.locator(".question", has_text="Do you gift wrap?"))
+    with page.expect_navigation():
+        entry.locator(".remove-curated button").click()
+    assert "Removed" in page.locator("#message").inner_text()
+    assert ask(strata, "Do you gift wrap?", key=keys["default"], headers=CONSOLE).headers["x-cache"] == "miss"
+
+
+def test_invalidate_offers_the_categories_and_says_how_many_entries_would_go(
+        strata: str, browser: Any, keys: dict[str, str]) -> None:
+    for question in ("是否支持货到付款", "可以开增值税发票吗"):
+        assert ask(strata, question, key=keys["acme"], headers=CONSOLE).headers["x-cache"] == "miss"
+    page = signed_in(browser, strata, ADMIN_TOKEN)
+    page.goto(strata + "/console/invalidate")
+    offered = page.locator("#known-categories option").evaluate_all("options => options.map(o => o.value)")
+    assert "console" in offered and "faq" in offered, offered
+    assert "acme" in page.locator("#known-tenants option").evaluate_all("options => options.map(o => o.value)")
+    page.locator("#invalidate input[name=category]").fill("console")
+    page.locator("#invalidate input[name=tenant]").fill("acme")
+    page.click("#invalidate-submit")
+    # Two answers, each in both layers.
+    assert "4 cached entries would go" in page.locator("#would-go").inner_text()
+    shot(page, "invalidate-confirm")
+
+
+def test_the_overview_explains_its_words(strata: str, browser: Any) -> None:
+    page = signed_in(browser, strata, ADMIN_TOKEN)
+    legend = page.locator("#precision-legend").inner_text()
+    for words in ("explored hits", "entry record", "reader"):
+        assert words in legend, legend

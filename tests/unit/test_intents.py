@@ -155,3 +155,28 @@ def test_a_small_file_is_its_own_cache_and_certifies_where_one_fold_of_it_could_
     # The rule is shown within the bound and serves most of the held-out phrasings.
     shown = calibrate(vectors, labels, 40, 0.05, 0.0, delta=0.05)
     assert shown.threshold <= 1 and shown.served_share > 0.5 and shown.held_out_wrong <= 0.05
+
+
+def test_a_file_that_serves_nothing_is_told_why_in_numbers_it_can_act_on() -> None:
+    """The support lead's 8 x 6 file (issue #56 item 4): how many phrasings would do, or what
+    bound this file can show."""
+    from app.cache.learning.intents import best_bound_shown, fewest_to_show, why_it_serves_nothing
+
+    said = why_it_serves_nothing(intents=8, phrasings=48, bound=0.01, delta=0.05)
+    assert "368 times" in said and "46 phrasings per intent" in said and "320 more" in said, said
+    assert "7.4% wrong" in said and "error_bound of 7.4%" in said, said
+    # The bound shown is the inverse of the count needed.
+    assert fewest_to_show(best_bound_shown(368, 0.05, 2), 0.05, 2) <= 368
+
+
+def test_a_command_writing_a_file_makes_its_folder(tmp_path: Path) -> None:
+    """``strata replay intents --out`` into a folder that does not exist yet (issue #56 item 7)."""
+    from app.cli import main
+    from app.settings import PROJECT_ROOT
+
+    data = PROJECT_ROOT.parent / "shared" / "data"
+    if not (data / "clinc150.csv").exists():
+        pytest.skip("../shared/data/clinc150.csv is not here")
+    out = tmp_path / "not" / "yet" / "intents.yaml"
+    assert main(["replay", "intents", "--source", "clinc", "--data-dir", str(data), "--intents", "3", "--out", str(out)]) == 0
+    assert out.exists()

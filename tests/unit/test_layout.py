@@ -116,3 +116,26 @@ def test_the_check_finds_an_upward_import(tmp_path: Path) -> None:
                       "if TYPE_CHECKING:\n    from app.cache.semantic import SemanticCache\n")
     assert list(runtime_imports(sample)) == ["app.cache.decision.rules"]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_every_setting_a_docstring_names_exists() -> None:
+    """A ``semantic.<field>`` in app/'s text names a field of a category's semantic policy or of
+    the service's semantic settings (issue #56 item 6: two named settings that were gone)."""
+    import re
+
+    import msgspec
+
+    from app.policy import AdaptiveSemantic, FixedSemantic
+    from app.settings import SemanticSettings
+
+    known = {f.name for kind in (AdaptiveSemantic, FixedSemantic, SemanticSettings) for f in msgspec.structs.fields(kind)}
+    named = {(path.name, name) for path in APP.rglob("*.py")
+             for name in re.findall(r"``semantic\.([a-z_]+)``", path.read_text(encoding="utf-8"))}
+    assert {(where, name) for where, name in named if name not in known} == set()
+
+
+def test_the_semantic_page_reads_in_one_pass() -> None:
+    """docs/SEMANTIC.md stays a page a newcomer reads at once; the intents' detail has its own."""
+    lines = (PROJECT_ROOT / "docs" / "SEMANTIC.md").read_text(encoding="utf-8").count("\n")
+    assert lines <= 200, lines
+    assert (PROJECT_ROOT / "docs" / "INTENTS.md").exists()

@@ -92,3 +92,12 @@ def test_the_chart_spans_from_the_first_busy_minute_with_a_scale_time_ticks_and_
     tallest = max(drawn["bars"], key=lambda b: b["h"])
     assert tallest["y"] == drawn["top"] and drawn["bars"][-1]["x"] < drawn["now_x"] <= drawn["width"]
     assert 3 <= len(drawn["ticks"]) <= 8 and all(":" in t["label"] for t in drawn["ticks"])
+
+
+def test_counts_agree_with_their_nouns() -> None:
+    """"1 variant", "1 entry", "asked 1 time" (issue #56 item 5)."""
+    from app.web.words import counted
+
+    assert counted(1, "variant") == "1 variant" and counted(2, "variant") == "2 variants"
+    assert counted(1, "entry") == "1 entry" and counted(0, "cached entry") == "0 cached entries"
+    assert counted(1, "time") == "1 time" and counted(3, "cached model answer") == "3 cached model answers"

@@ -59,8 +59,9 @@ WITHIN_BOUND = "within_bound"
 OUTSIDE_BOUND = "outside_bound"
 WRONG_BEFORE = "wrong_before"
 ENTRY_RECORD = "entry_record"
-# An entry's record vouched, at a score where the category's pool has not yet measured records
-# wrong less often than the bound (``semantic.entry_evidence``): sent upstream, and counted.
+# An entry's record vouched where records were not yet measured right often enough. No rule gives
+# it now (the entry record needs no separate evidence: docs/experiments/removed-rules.md); the name
+# stays so that review items and audit entries written with it still read in plain words.
 RECORD_UNPROVEN = "record_unproven"
 # A reader (app/cache/readers) said yes where its yes was measured right often enough: served.
 READER_ACCEPTED = "reader_accepted"
@@ -680,8 +681,8 @@ class CandidateCheck:
         return None if rejection is None else self.held(rejection)
 
     def guard(self, asked: str, cached: str) -> str | None:
-        """The guard that rejects the pair, not yet counted: the candidate's entry may have
-        outgrown it (``semantic.guard_lift``)."""
+        """The guard that rejects the pair, not yet counted: the Guards rule turns it into a
+        ruling, and the intents' calibration asks it of pairs that never reach the rules."""
         return self.verifier.guard(asked, cached)
 
     def same_content(self, asked: str, cached: str) -> bool:
