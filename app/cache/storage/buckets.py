@@ -26,9 +26,9 @@ from urllib.parse import unquote, urlsplit
 
 from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisClusterException, RedisError
-from redis.asyncio.retry import Retry
 
 from app.cache.storage.keys import BUCKETS_KEY, KEYS, Keyspace, as_text
 from app.settings import RedisSettings
