@@ -21,7 +21,7 @@ STRATA_PORT ?= 8080
 VLLM_PORT ?= 8000
 export STRATA_HOST STRATA_PORT
 
-.PHONY: help deps test-deps client-deps calibrate-deps bench-replay up down status restart test test-fast test-cluster lint bench load train-verifier logs strata-start strata-stop judge-up judge-down reader-model console-shots
+.PHONY: image image-inputs compose-up compose-down test-image help deps test-deps client-deps calibrate-deps bench-replay up down status restart test test-fast test-cluster lint bench load train-verifier logs strata-start strata-stop judge-up judge-down reader-model console-shots
 
 help:
 	@echo "make up      start Redis Stack (6380), vLLM (8000) and Strata (8080) in the background"
@@ -34,6 +34,9 @@ help:
 	@echo "make up MODEL=qwen1.5b    opt-in: Qwen2.5-Coder-1.5B (llama.cpp) on :8000 in place of SmolLM2 (issue #34)"
 	@echo "make judge-up / judge-down  opt-in: a Qwen 1.5B judge for the grey zone on 127.0.0.1:8002 (readers/README.md)"
 	@echo "make reader-model  opt-in: EmbeddingGemma-300M, the grey zone's second embedder, in .run/models (readers/README.md)"
+	@echo "make image        build Strata's image (and Redis Stack's and vLLM CPU's) with podman (docs/OPERATIONS.md, Containers)"
+	@echo "make compose-up   the same three as a compose stack (MODEL_SERVER=cpu|gpu|external); make compose-down stops it"
+	@echo "make test-image   build, run the stack end to end, take it down (about 10 minutes fresh; not in make test)"
 
 deps: $(STAMP)
 test-deps: $(TEST_STAMP)
@@ -217,3 +220,36 @@ bench-replay: calibrate-deps
 	@[ -z "$(filter qwen1.5b,$(MODEL))" ] || [ -f $(RUN)/replay/clinc40-intents.yaml ] || \
 	  $(PY) -m app.cli replay intents --source clinc --intents 40 --out $(RUN)/replay/clinc40-intents.yaml
 	$(PY) -m bench.replay_vllm $(REPLAY_ARGS)
+
+# Containers (issue #57; docs/OPERATIONS.md, "Containers"). podman-setup.sh installs podman, makes
+# the base image where no registry answers, and names the containers.conf this machine needs.
+IMAGE_ENV = eval "$$(bash deploy/podman-setup.sh)"
+# Build-stage inputs only (never in an image): the host's CA bundle where PyPI is reached through a
+# TLS proxy of the machine's own, and torch's CPU wheel where it is on this machine's disk.
+image-inputs:
+	@mkdir -p deploy/image/wheels
+	@[ ! -s /etc/ssl/certs/ca-certificates.crt ] || cp /etc/ssl/certs/ca-certificates.crt deploy/image/build-ca.crt
+	@ls /opt/wheels/torch-$(TORCH_VERSION)+cpu-*.whl >/dev/null 2>&1 && cp -u /opt/wheels/torch-$(TORCH_VERSION)+cpu-*.whl deploy/image/wheels/ || true
+
+image: image-inputs
+	@$(IMAGE_ENV); \
+	podman build -q --format docker -f deploy/strata.Containerfile -t localhost/strata:latest . && \
+	podman build -q --format docker -f deploy/redis-stack.Containerfile -t localhost/strata-redis-stack:latest . && \
+	{ [ "$(MODEL_SERVER)" != cpu ] || podman build -q --format docker -f deploy/vllm.Containerfile -t localhost/strata-vllm-cpu:latest .; }
+
+# MODEL_SERVER: cpu (vLLM's CPU build, built here), gpu (vLLM's image, GPU reserved) or external
+# (STRATA_UPSTREAM_URL names a model server of your own).
+MODEL_SERVER ?= cpu
+COMPOSE_FILES = -f deploy/compose.yaml $(if $(filter cpu,$(MODEL_SERVER)),-f deploy/compose.vllm-cpu.yaml)$(if $(filter gpu,$(MODEL_SERVER)),-f deploy/compose.vllm-gpu.yaml)
+compose-up: image
+	@$(IMAGE_ENV); podman-compose -p strata $(COMPOSE_FILES) up -d >/dev/null && \
+	for i in $$(seq 1 120); do curl -fsS -m 2 http://127.0.0.1:$${STRATA_HOST_PORT:-8080}/health >/dev/null 2>&1 && break; sleep 1; done; \
+	echo "strata: http://127.0.0.1:$${STRATA_HOST_PORT:-8080} (the model server may take minutes more: curl /health)"; \
+	echo "console: http://127.0.0.1:$${STRATA_HOST_PORT:-8080}/console  admin token (kept on the strata-state volume):"; \
+	podman exec strata_strata_1 cat /var/lib/strata/admin-token
+
+compose-down:
+	@$(IMAGE_ENV); podman-compose -p strata $(COMPOSE_FILES) down >/dev/null; echo "compose stack stopped (volumes kept; podman volume rm strata_redis-data strata_strata-state forgets them)"
+
+test-image: image-inputs
+	bash deploy/test-image.sh

@@ -18,6 +18,7 @@ from msgspec import field
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 ENV_PREFIX = "STRATA_"
+OTEL_STANDARD_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
 # Where `make up` keeps the console's admin token (0600) and where `strata keys` writes keys when
 # STRATA_KEYS_FILE is unset; `make up` starts Strata with each file that exists.
 DEFAULT_ADMIN_TOKEN_FILE = ".run/strata/admin-token"
@@ -196,6 +197,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # The secrets hits' response ids are signed with, comma-separated: the first signs, all verify
     # (rotation). Empty: one secret made once and kept in Redis (app/cache/learning/receipts.py).
     response_id_secrets: str = ""
+    # OpenTelemetry traces (app/tracing.py): an OTLP/HTTP endpoint (its base, or its /v1/traces);
+    # empty: the standard OTEL_EXPORTER_OTLP_ENDPOINT if set, else no tracing at all.
+    otel_endpoint: str = ""
+    otel_service_name: str = "strata"
+    # Whether spans may carry the questions' text (off: rule, similarity and verdict only).
+    otel_capture_text: bool = False
 
     redis: RedisSettings = field(default_factory=RedisSettings)
     upstream: UpstreamSettings = field(default_factory=UpstreamSettings)
@@ -257,6 +264,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             if value is None:
                 continue
             raw[name] = None if value == "" and name in ("admin_token", "metrics_token") else value
+        # The one variable read without the prefix: OpenTelemetry's own, as tracing systems set it.
+        if not raw.get("otel_endpoint") and environ.get(OTEL_STANDARD_ENDPOINT):
+            raw["otel_endpoint"] = environ[OTEL_STANDARD_ENDPOINT]
         return cls.from_flat(raw, strict=False)
 
     def resolve(self, path: str) -> Path:

@@ -15,8 +15,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import msgspec
 import openai
 
+from app import tracing
 from app.errors import InvalidRequest, StrataError, UpstreamRejected, UpstreamTimeout, UpstreamUnavailable
 from app.limits import ConcurrencyLimit
 from app.settings import UpstreamSettings
@@ -114,6 +116,19 @@ def _split(body: dict[str, Any]) -> tuple[str, Any, dict[str, Any]]:
     return body["model"], body["messages"], rest
 
 
+def _note_response(step: tracing.Span, content: bytes) -> None:
+    """A completion's finish reasons and token counts on its model call's span."""
+    try:
+        decoded = msgspec.json.decode(content)
+    except msgspec.DecodeError:
+        return
+    usage = decoded.get("usage") or {} if isinstance(decoded, dict) else {}
+    tracing.note(step, {tracing.GEN_AI_INPUT_TOKENS: usage.get("prompt_tokens"),
+                        tracing.GEN_AI_OUTPUT_TOKENS: usage.get("completion_tokens"),
+                        tracing.GEN_AI_FINISH_REASONS: [str(c.get("finish_reason")) for c in decoded.get("choices") or []
+                                                        if isinstance(c, dict)] if isinstance(decoded, dict) else None})
+
+
 class Upstream:
     """An OpenAI-compatible model server (vLLM)."""
 
@@ -163,24 +178,31 @@ class Upstream:
         """
         model, messages, rest = _split(body)
         legacy = bool(rest.pop(LEGACY_COMPLETION_FIELD, False))
-        async with self._limit.slot():
-            for attempt in range(self._retries + 1):
-                try:
-                    raw: Any
-                    if legacy:  # a legacy text completion: its one user message is the prompt
-                        raw = await self._client.completions.with_raw_response.create(
-                            model=model, prompt=messages[-1]["content"], extra_body=rest
-                        )
-                    else:
-                        raw = await self._client.chat.completions.with_raw_response.create(
-                            model=model, messages=messages, extra_body=rest
-                        )
-                    break
-                except openai.OpenAIError as exc:
-                    if attempt == self._retries or not _never_reached(exc):
-                        raise _translate(exc) from exc
-                    await self._backoff(attempt)
-        content = raw.http_response.content
+        operation = "text_completion" if legacy else "chat"
+        with tracing.span(f"{operation} {model}", self._call_attributes(model, rest, operation) if tracing.active() else None,
+                          client=True) as step:
+            trace_headers = tracing.propagation_headers()
+            async with self._limit.slot():
+                for attempt in range(self._retries + 1):
+                    try:
+                        raw: Any
+                        if legacy:  # a legacy text completion: its one user message is the prompt
+                            raw = await self._client.completions.with_raw_response.create(
+                                model=model, prompt=messages[-1]["content"], extra_body=rest, extra_headers=trace_headers
+                            )
+                        else:
+                            raw = await self._client.chat.completions.with_raw_response.create(
+                                model=model, messages=messages, extra_body=rest, extra_headers=trace_headers
+                            )
+                        break
+                    except openai.OpenAIError as exc:
+                        if attempt == self._retries or not _never_reached(exc):
+                            tracing.note(step, {"error.type": type(exc).__name__})
+                            raise _translate(exc) from exc
+                        await self._backoff(attempt)
+            content = raw.http_response.content
+            if step is not None:
+                _note_response(step, content)
         try:
             decoded = completion_decoder.decode(content)
         except ValueError as exc:
@@ -212,9 +234,17 @@ class Upstream:
             StrataError: The upstream failed before or while streaming.
         """
         model, messages, rest = _split(body)
+        # Not the current span: it lives across this generator's yields (tracing.detached_span).
+        with tracing.detached_span(f"chat {model}", self._call_attributes(model, rest, "chat") if tracing.active() else None,
+                                   client=True) as step:
+            async for payload in self._stream(model, messages, rest, tracing.propagation_headers(step) if step else {}):
+                yield payload
+
+    async def _stream(self, model: str, messages: Any, rest: dict[str, Any],
+                      trace_headers: dict[str, str]) -> AsyncIterator[bytes]:
         try:
             async with self._limit.slot(), self._client.chat.completions.with_streaming_response.create(
-                model=model, messages=messages, extra_body=rest
+                model=model, messages=messages, extra_body=rest, extra_headers=trace_headers
             ) as response:
                 async for line in response.http_response.aiter_lines():
                     if not line.startswith("data:"):
@@ -232,6 +262,13 @@ class Upstream:
             raise UpstreamTimeout("the model server stopped answering mid-stream") from exc
         except _http.HTTPError as exc:
             raise UpstreamUnavailable(f"the model server stream broke: {exc}") from exc
+
+    def _call_attributes(self, model: str, rest: dict[str, Any], operation: str) -> dict[str, Any]:
+        """The GenAI semantic conventions' attributes of a model call."""
+        where = httpx.URL(str(self._client.base_url))
+        return {tracing.GEN_AI_OPERATION: operation, tracing.GEN_AI_PROVIDER: "vllm", tracing.GEN_AI_REQUEST_MODEL: model,
+                tracing.GEN_AI_MAX_TOKENS: rest.get("max_tokens"), tracing.SERVER_ADDRESS: where.host,
+                tracing.SERVER_PORT: where.port}
 
     async def embeddings(self, body: dict[str, Any]) -> bytes:
         """``POST /v1/embeddings`` on the upstream; the response body as received.

@@ -167,6 +167,8 @@ class FakeUpstream:
 
     url: str = ""
     calls: list[dict[str, Any]] = field(default_factory=list)
+    # The W3C traceparent each chat request came with ("" without one).
+    traceparents: list[str] = field(default_factory=list)
     status: int = 200
     delay: float = 0.0
     finish_reason: str = "stop"
@@ -187,6 +189,7 @@ class FakeUpstream:
 
     def reset(self) -> None:
         self.calls.clear()
+        self.traceparents.clear()
         self.completion_calls.clear()
         self.embedding_calls.clear()
         self.other_calls.clear()
@@ -220,6 +223,7 @@ class FakeUpstream:
         async def chat(request: Request) -> Response[bytes] | Stream:
             body = msgspec.json.decode(await request.body())
             upstream.calls.append(body)
+            upstream.traceparents.append(request.headers.get("traceparent", ""))
             if upstream.delay:
                 await asyncio.sleep(upstream.delay)
             if upstream.judge_delay and body["messages"][0].get("content") == JUDGE_SYSTEM_PROMPT:

@@ -70,7 +70,7 @@ install() {
 # The server's arguments for one path (gpu or cpu), into the array `args`.
 server_args() {
   local path="$1"
-  args=(--host 127.0.0.1 --port "$port" --model "${STACK_VLLM_MODEL:-$model_dir}"
+  args=(--host "${STACK_VLLM_HOST:-127.0.0.1}" --port "$port" --model "${STACK_VLLM_MODEL:-$model_dir}"
     --served-model-name "${STACK_VLLM_SERVED_NAME:-SmolLM2-135M-Instruct}"
     --enable-prefix-caching --max-model-len "${STACK_VLLM_MAX_MODEL_LEN:-2048}"
     --dtype "${STACK_VLLM_DTYPE:-bfloat16}")
@@ -128,6 +128,14 @@ stop() {
   kill -KILL "$pid" 2>/dev/null || true; rm -f "$pidfile"; echo "vllm: killed after 30 s"
 }
 
+# In the foreground, as a container's PID 1 (deploy/vllm.Containerfile): the same settings as start.
+run() {
+  local path; path="$(this_path)"
+  server_args "$path"
+  [ "$path" = cpu ] && export VLLM_CPU_KVCACHE_SPACE="${STACK_VLLM_CPU_KVCACHE_GB:-1}"
+  exec "$venv/bin/python" -m vllm.entrypoints.openai.api_server "${args[@]}"
+}
+
 status() {
   if running && ready; then echo "vllm: running on 127.0.0.1:$port (pid $(cat "$pidfile"), log $logfile)"
   elif running; then echo "vllm: starting (pid $(cat "$pidfile"), log $logfile)"
@@ -137,8 +145,9 @@ status() {
 case "${1:-}" in
   install) install ;;
   start) start ;;
+  run) run ;;
   stop) stop ;;
   status) status ;;
   command) command_line "${2:-}" ;;
-  *) echo "usage: $0 install|start|stop|status|command [gpu|cpu]" >&2; exit 2 ;;
+  *) echo "usage: $0 install|start|run|stop|status|command [gpu|cpu]" >&2; exit 2 ;;
 esac

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from app import tracing
 from app.cache.learning.learner import AnswerLearner
 from app.cache.semantic import SEMANTIC
 from app.cache.storage.contract import CACHE_ERRORS, CacheHit, CacheLayer, CacheQuery, Candidate, CorruptEntry
@@ -170,12 +171,16 @@ class LayeredCache:
         query = plan.query
         candidate: Candidate | None = None
         for layer in self._layers:
-            try:
-                async with asyncio.timeout(self._budget(layer, query)):
-                    query, hit = await self._lookup_adopting(layer, query)
-            except CACHE_ERRORS as exc:
-                self._metrics.cache_failed(layer.name, "lookup", exc)
-                return CachePlan(CacheMode.UNAVAILABLE), None
+            with tracing.span(f"strata.lookup {layer.name}", {tracing.CACHE_LAYER: layer.name,
+                                                               tracing.CATEGORY: query.category.name}) as step:
+                try:
+                    async with asyncio.timeout(self._budget(layer, query)):
+                        query, hit = await self._lookup_adopting(layer, query)
+                except CACHE_ERRORS as exc:
+                    self._metrics.cache_failed(layer.name, "lookup", exc)
+                    tracing.note(step, {"error.type": type(exc).__name__})
+                    return CachePlan(CacheMode.UNAVAILABLE), None
+                tracing.note(step, {tracing.CACHE_HIT: isinstance(hit, CacheHit)})
             if isinstance(hit, Candidate):
                 candidate, hit = hit, None
             if hit is not None:
@@ -255,6 +260,11 @@ class LayeredCache:
         # The answer took seconds to generate: if the cache was invalidated meanwhile, it was
         # generated for a world that no longer holds. Each layer's write checks the version and
         # the generation in the same script (app/cache/storage/entry.py) and writes nothing if either moved.
+        with tracing.span(tracing.WRITE_BACK, {tracing.CATEGORY: query.category.name}):
+            await self._write_back(plan, query, raw, completion, complete, truncated)
+
+    async def _write_back(self, plan: CachePlan, query: CacheQuery, raw: bytes, completion: dict[str, Any],
+                          complete: bool, truncated: bool) -> None:
         writes = []
         for layer in self._layers:
             if truncated and layer.name != EXACT:

@@ -15,6 +15,7 @@ import numpy as np
 from redis.asyncio import Redis
 from redisvl.index import AsyncSearchIndex
 
+from app import tracing
 from app.cache.decision.adaptive import AdaptiveDecision, Serve
 from app.cache.decision.candidates import answer_bytes, check_row, root_of, source_of
 from app.cache.decision.stats import PooledObservations, milli, score_bin
@@ -127,33 +128,67 @@ class SemanticCache:
             self._check.held(QUESTION_TOO_LONG)  # counted; the exact layer still serves it
         if question is None or not self.serves(question, policy):
             return None
-        vector = await self.vector(question, query.canonical.tenant)
+        with tracing.span(tracing.EMBED):
+            vector = await self.vector(question, query.canonical.tenant)
         if policy.adaptive:
             head = self.intents.get(query.canonical.tenant, query.category.name) if self.intents is not None else None
-            rows = await self.store_index.candidates(query, vector, ADAPTIVE_CANDIDATES)
+            with tracing.span(tracing.KNN) as step:
+                rows = await self.store_index.candidates(query, vector, ADAPTIVE_CANDIDATES)
+                tracing.note(step, {tracing.CANDIDATES: len(rows)})
             guess = await self.read_intent(head, question, vector, query.canonical.tenant)
             beyond: list[Nearest] = []
             if guess is not None and guess.confident and guess.shared and guess.beyond_band and not any(
                     row.similarity >= policy.threshold and as_text(row.fields.get(FIELD_INTENT)) == guess.intent
                     for row in rows):
                 beyond = await self.store_index.candidates_of_intent(query, vector, guess.intent, OF_INTENT)
-            decided = await self.adaptive.decide(query, question, rows, guess, beyond_band=beyond)
+            with tracing.span(tracing.DECIDE) as step:
+                decided = await self.adaptive.decide(query, question, rows, guess, beyond_band=beyond)
+                if step is not None:
+                    self._trace_decision(step, question, decided, rows)
             if isinstance(decided, Serve):
                 return self._hit(decided.row, decided.reason, decided.score_bin, decided.check)
             return decided
-        for row in await self.store_index.candidates(query, vector):
-            if row.similarity < policy.threshold:
-                break  # most similar first: the rest are below too
-            check_row(row)
-            if milli(row.similarity) <= int(row.fields.get(FIELD_WRONG_ABOVE) or -1):
-                # An end user said this document's answer was wrong at this similarity or below.
-                self._check.count(Verdict(False, WRONG_BEFORE))
-                continue
-            verdict = await self._check.decide(question, row.fields[FIELD_QUESTION], row.similarity, policy,
-                                               query.canonical.model)
-            if verdict.accepted:
-                return self._hit(row, verdict.reason, score_bin(row.similarity))
+        with tracing.span(tracing.KNN) as step:
+            rows = await self.store_index.candidates(query, vector)
+            tracing.note(step, {tracing.CANDIDATES: len(rows)})
+        with tracing.span(tracing.DECIDE) as step:
+            tracing.note(step, {}, text={tracing.QUESTION: question})
+            for row in rows:
+                if row.similarity < policy.threshold:
+                    break  # most similar first: the rest are below too
+                check_row(row)
+                if milli(row.similarity) <= int(row.fields.get(FIELD_WRONG_ABOVE) or -1):
+                    # An end user said this document's answer was wrong at this similarity or below.
+                    self._check.count(Verdict(False, WRONG_BEFORE))
+                    continue
+                verdict = await self._check.decide(question, row.fields[FIELD_QUESTION], row.similarity, policy,
+                                                   query.canonical.model)
+                tracing.note(step, {tracing.RULE: verdict.reason, tracing.SIMILARITY: round(row.similarity, 4),
+                                    tracing.VERDICT: "served" if verdict.accepted else "refused"},
+                             text={tracing.QUESTION: question, tracing.CACHED_QUESTION: str(row.fields[FIELD_QUESTION])})
+                if verdict.accepted:
+                    return self._hit(row, verdict.reason, score_bin(row.similarity))
+            tracing.note(step, {tracing.VERDICT: "refused"})
         return None
+
+    @staticmethod
+    def _trace_decision(step: tracing.Span, question: str, decided: Serve | Candidate | None,
+                        rows: list[Nearest]) -> None:
+        """The adaptive decision on its span: the rule that served (or why the nearest was
+        refused, or explored), the candidate's similarity; the questions only if opted in."""
+        rule: str | None
+        similarity: float | None
+        if isinstance(decided, Serve):
+            verdict, rule, similarity, cached = "served", decided.reason, decided.row.similarity, decided.row.fields.get(FIELD_QUESTION)
+        elif isinstance(decided, Candidate):
+            verdict = "explored" if decided.explored else "refused"
+            rule, similarity, cached = decided.refused or decided.vouched or None, decided.similarity, decided.question
+        else:
+            verdict, rule = "none", None
+            similarity, cached = (rows[0].similarity, rows[0].fields.get(FIELD_QUESTION)) if rows else (None, None)
+        tracing.note(step, {tracing.VERDICT: verdict, tracing.RULE: rule,
+                            tracing.SIMILARITY: round(similarity, 4) if similarity is not None else None},
+                     text={tracing.QUESTION: question, tracing.CACHED_QUESTION: str(as_text(cached) or "")})
 
     async def read_intent(self, head: IntentHead | None, question: str, vector: np.ndarray,
                           tenant: str) -> IntentGuess | None:
