@@ -47,6 +47,7 @@ class Arm:
     name: str
     tree: Path | None = None  # None: the redisvl application
     exact: str = "get"  # the redisvl application's exact layer
+    env: dict[str, str] = field(default_factory=dict)  # more settings of the tree's service (tracing on)
     exact_rps: list[float] = field(default_factory=list)
     exact_p50: list[float] = field(default_factory=list)
     exact_p99: list[float] = field(default_factory=list)
@@ -79,7 +80,7 @@ def served(arm: Arm, redis_url: str) -> Iterator[str]:
     else:
         env = {**os.environ, "PYTHONPATH": str(arm.tree), "STRATA_PORT": str(port), "STRATA_WORKERS": "1",
                "STRATA_REDIS_URL": redis_url, "STRATA_UPSTREAM_URL": upstream_url, "STRATA_LOG_LEVEL": "warning",
-               "STRATA_POLICY_FILE": str(arm.tree / "bench" / "policy.yaml")}
+               "STRATA_POLICY_FILE": str(arm.tree / "bench" / "policy.yaml"), **arm.env}
         service = subprocess.Popen([sys.executable, "-m", "app.serve"], cwd=arm.tree, env=env)
     try:
         url = f"http://127.0.0.1:{port}"
@@ -330,6 +331,26 @@ def write_section(path: Path, section: str) -> None:
     path.write_text(text, encoding="utf-8")
 
 
+def otlp_sink() -> str:
+    """An OTLP/HTTP receiver that takes every export and keeps nothing (what a collector on the
+    host costs Strata is the export, not the collector's work); its URL."""
+    import http.server
+
+    class Sink(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", action="append", default=[], help="an earlier commit to serve beside this tree")
@@ -340,12 +361,19 @@ def main() -> int:
     parser.add_argument("--entries", type=int, default=100)
     parser.add_argument("--memory-hits", type=int, default=100_000, help="0: no memory run")
     parser.add_argument("--memory-baseline", action="store_true", help="the memory run for each baseline too")
+    parser.add_argument("--traced", action="store_true",
+                        help="also this tree with traces on, exported to an OTLP/HTTP sink of the bench's own")
+    parser.add_argument("--no-redisvl", action="store_true", help="leave the redisvl application's arms out")
     parser.add_argument("--out", default=str(ROOT / "docs" / "experiments" / "hit-path-ab.md"))
     parser.add_argument("--benchmarks", help="also write the summary section of this file (docs/BENCHMARKS.md)")
     args = parser.parse_args()
     pairs, _ = semantic_pairs(args.entries)
     arms = [Arm("this tree", ROOT)] + [Arm(f"commit {rev}", worktree(rev)) for rev in args.baseline]
-    arms += [Arm(f"redisvl application ({exact} exact layer)", None, exact) for exact in (args.redisvl or ["get", "embeddings"])]
+    if args.traced:
+        arms.insert(1, Arm("this tree, traces on", ROOT, env={"STRATA_OTEL_ENDPOINT": otlp_sink()}))
+    if not args.no_redisvl:
+        arms += [Arm(f"redisvl application ({exact} exact layer)", None, exact)
+                 for exact in (args.redisvl or ["get", "embeddings"])]
     for _ in range(args.rounds):
         for arm in arms:
             measure(arm, pairs, args.duration)
