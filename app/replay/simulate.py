@@ -198,7 +198,7 @@ def run_simulated(stream: list[Any], *, settings: Settings, category: str, encod
         judge_error: The oracle's share of wrong verdicts, drawn at random (seeded).
         review: Review-queue items a simulated reviewer settles per 1,000 requests, the most asked
             first, approving exactly when the stream's labels agree (the console's reviewer).
-        reader: A reader to use as it is (``bench/reader_record.py`` records one's verdicts);
+        reader: A reader to use as it is (``docs/experiments/bench/reader_record.py`` recorded one's verdicts);
             else ``judge``, else the configured one.
 
     Returns:

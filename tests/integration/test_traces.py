@@ -8,7 +8,7 @@ from __future__ import annotations
 import http.server
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 import pytest
@@ -111,9 +111,9 @@ def test_the_questions_text_is_on_the_decision_only_when_opted_in(
 class _Receiver(http.server.BaseHTTPRequestHandler):
     """An OTLP/HTTP receiver: keeps each export's decoded spans (protobuf, as the SDK sends)."""
 
-    received: list[ExportTraceServiceRequest] = []
+    received: ClassVar[list[ExportTraceServiceRequest]] = []
 
-    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+    def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
         if self.path == "/v1/traces":
             export = ExportTraceServiceRequest()
