@@ -36,6 +36,7 @@ from app.cache.readers.embedder import (
     vector_source,
 )
 from app.cache.readers.judge import LLMJudge
+from app.cache.readers.onnx_vectors import OnnxModelVectors
 from app.cache.readers.queue import ReadQueue
 from app.cache.routed import RoutedCache, RoutedInvalidator
 from app.cache.semantic import SemanticCache
@@ -210,7 +211,7 @@ def configured_head_reader(options: SemanticSettings) -> HeadReader | None:
         return None
     source = vector_source(options.intent_embedder, options.intent_embedder_threads, options.judge_timeout_s,
                            options.judge_api_key, options.intent_embedder_model, prompts=INTENT_PROMPTS)
-    if isinstance(source, LocalModelVectors):  # every question of the category is read: batch them
+    if isinstance(source, LocalModelVectors | OnnxModelVectors):  # every question of the category is read: batch them
         source = BatchedVectors(source, max_pending=options.embed_max_pending)
     return HeadReader(source, source.fingerprint)
 

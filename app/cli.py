@@ -515,6 +515,18 @@ def cmd_keys(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_export_reader(args: argparse.Namespace, settings: Settings) -> int:
+    """``strata intents export-reader``: all-MiniLM-L6-v2 as an ONNX folder (app/cache/readers/onnx_vectors.py)."""
+    try:
+        from app.cache.readers.onnx_vectors import export_minilm
+
+        out = export_minilm(settings.resolve(args.out), int8=not args.fp32)
+    except ImportError as exc:
+        return fail(f"exporting needs torch, transformers and onnx (make deps installs them): {exc}")
+    print(f"wrote {out} ({'float32' if args.fp32 else 'int8'}); STRATA_INTENT_EMBEDDER={args.out} makes the heads read it")
+    return 0
+
+
 def cmd_intents(args: argparse.Namespace, settings: Settings) -> int:
     """``strata intents load|show|remove``: a team's intents (app/intents.py)."""
     from redis.exceptions import RedisError
@@ -753,6 +765,11 @@ def parser() -> argparse.ArgumentParser:
         step.add_argument("--tenant", help="default: the tenant of requests sent without a key")
         step.add_argument("--category", default="faq", help="an adaptive category (default: faq)")
         step.set_defaults(run=cmd_intents)
+    export = intents_steps.add_parser("export-reader", help="write all-MiniLM-L6-v2 as an ONNX reader for English heads "
+                                                            "(STRATA_INTENT_EMBEDDER=the folder)")
+    export.add_argument("--out", default=".run/models/minilm-l6-onnx-int8", help="the folder to write")
+    export.add_argument("--fp32", action="store_true", help="keep the weights in float32 (no int8 quantisation)")
+    export.set_defaults(run=cmd_export_reader)
 
     admin_token = commands.add_parser("admin-token", help="the console's admin token file (make up makes it)")
     admin_token.add_argument("action", choices=["ensure", "show", "rotate"],

@@ -23,7 +23,7 @@ import yaml
 from redisvl.query import FilterQuery
 from redisvl.query.filter import Tag
 
-from app.cache.learning.intents import calibrate, fit_softmax, risk_level, why_it_serves_nothing
+from app.cache.learning.intents import SoftmaxHead, calibrate, risk_level, why_it_serves_nothing
 from app.cache.storage.intents import HeadMeta, HeadReader, IntentHead, IntentStore
 from app.cache.storage.keys import (
     FIELD_CATEGORY,
@@ -222,7 +222,8 @@ async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *,
     calibration = await asyncio.to_thread(
         calibrate, read, labels, len(every), semantic_policy.error_bound, semantic_policy.threshold,
         delta=delta, seed=seed, refused=refused, near=vectors, beyond_band=beyond_band)
-    weights, bias = await asyncio.to_thread(fit_softmax, read, labels, len(every), seed=seed)
+    softmax = await asyncio.to_thread(SoftmaxHead(n_classes=len(every), seed=seed).fit, read, labels)
+    weights, bias = softmax.coef_, softmax.intercept_
     fitted = time.monotonic()
     if calibration.threshold > 1:
         rule = why_it_serves_nothing(intents=len(every), phrasings=len(texts), bound=semantic_policy.error_bound,

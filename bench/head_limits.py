@@ -44,11 +44,10 @@ from app.cache.learning.intents import (
     EPOCHS,
     OF_INTENT,
     UNKNOWN_SHARE,
+    SoftmaxHead,
     calibrate,
-    fit_softmax,
     folds_for,
     held_out_folds,
-    predict,
     rule_outcomes,
 )
 from app.embed import load_encoder
@@ -121,7 +120,7 @@ class Team:
 
 
 def beyond(team: Team, encoder: object, refused: Callable[[str, str], bool]) -> None:
-    weights, bias = fit_softmax(team.vectors, team.labels, len(team.intents))
+    head = SoftmaxHead(n_classes=len(team.intents)).fit(team.vectors, team.labels)
     for beyond_band in (False, True):
         calibration = calibrate(team.vectors, team.labels, len(team.intents), BOUND, FLOOR, near=team.vectors,
                                 beyond_band=beyond_band,
@@ -133,7 +132,7 @@ def beyond(team: Team, encoder: object, refused: Callable[[str, str], bool]) -> 
                       (REPLAY / f"{team.name}-test3000-s{seed}.jsonl").read_text().splitlines()]
             asked, truth = [r["text"] for r in stream], [r["label"] for r in stream]
             x = embed(encoder, asked, f"{team.name}-s{seed}")[0]  # type: ignore[arg-type]
-            read, sure = predict(weights, bias, x)
+            read, sure = head.read(x)
             order, perfect = first_askings(asked, truth)
             right = 0
             for i in order:
@@ -191,10 +190,8 @@ def confidences(team: Team, mlp: bool) -> None:
         hidden = np.isin(labels, order[start:start + held])
         train, test = (fold_of != fold) & ~hidden, np.flatnonzero(fold_of == fold)
         unknown[test] = hidden[test]
-        weights, bias = fit_softmax(x[train], labels[train], classes, epochs=EPOCHS, seed=0)
-        logits = x[test] @ weights + bias
-        p = np.exp(logits - logits.max(axis=1, keepdims=True))
-        p /= p.sum(axis=1, keepdims=True)
+        head = SoftmaxHead(n_classes=classes, epochs=EPOCHS, seed=0).fit(x[train], labels[train])
+        p = head.predict_proba(x[test])
         best, second = np.argsort(-p, axis=1)[:, 0], np.argsort(-p, axis=1)[:, 1]
         top = p[np.arange(len(test)), best]
         put("softmax", test, best, top)
@@ -309,7 +306,7 @@ def ceiling(team: Team, encoder: object, refused: Callable[[str, str], bool], se
     """``head_encoder``: the head reads with it (``STRATA_INTENT_EMBEDDER``), the band stays the index's."""
     head_encoder = encoder if head_encoder is None else head_encoder
     train = team.vectors if head_encoder is encoder else embed(head_encoder, team.texts, f"{team.name}-train")[0]  # type: ignore[arg-type]
-    weights, bias = fit_softmax(train, team.labels, len(team.intents))
+    head = SoftmaxHead(n_classes=len(team.intents)).fit(train, team.labels)
     for seed in seeds:
         stream = [json.loads(line) for line in (REPLAY / f"{team.name}-test3000-s{seed}.jsonl").read_text().splitlines()]
         texts = [r["text"] for r in stream]
@@ -319,7 +316,7 @@ def ceiling(team: Team, encoder: object, refused: Callable[[str, str], bool], se
             keep = [i for i, r in enumerate(stream) if with_oos or not r["label"].startswith("oos:")]
             asked, truth = [stream[i]["text"] for i in keep], [stream[i]["label"] for i in keep]
             near = vectors[keep]
-            read, sure = predict(weights, bias, heads[keep])
+            read, sure = head.read(heads[keep])
             for anywhere in (False, True):
                 guarded: dict[tuple[int, int], bool] = {}
 

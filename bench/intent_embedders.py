@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from app.cache.decision.verify import load_verifier
-from app.cache.learning.intents import calibrate, fit_softmax, predict
+from app.cache.learning.intents import SoftmaxHead, calibrate
 from app.cache.readers.embedder import INTENT_PROMPTS, LocalModelVectors
 from app.embed import Encoder, load_encoder
 from app.settings import Settings
@@ -142,14 +142,14 @@ def main(argv: list[str] | None = None) -> int:
             near_train = vectors if index is encoder else embed(index, texts, f"{team}-train")[0]
             calibration = calibrate(vectors, labels, len(names), 0.01, FLOOR, near=near_train,
                                     refused=lambda a, b, said=texts: verifier.guard(said[a], said[b]) is not None)
-            weights, bias = fit_softmax(vectors, labels, len(names))
+            head = SoftmaxHead(n_classes=len(names)).fit(vectors, labels)
             for seed in args.seeds:
                 stream = [json.loads(line) for line in (REPLAY / f"{team}-test3000-s{seed}.jsonl").read_text().splitlines()]
                 asked = [r["text"] for r in stream]
                 truth = [r["label"] for r in stream]
                 x, spent_stream = embed(encoder, asked, f"{team}-s{seed}")
                 near = x if index is encoder else embed(index, asked, f"{team}-s{seed}")[0]
-                read, sure = predict(weights, bias, x)
+                read, sure = head.read(x)
                 order, perfect = first_askings(asked, truth)
                 served = wrong = right = 0
                 t = calibration.threshold

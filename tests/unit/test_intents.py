@@ -9,12 +9,11 @@ import pytest
 
 from app.cache.learning.intents import (
     Fold,
+    SoftmaxHead,
     binomial_tail,
     calibrate,
     fewest_to_show,
-    fit_softmax,
     held_out_folds,
-    predict,
     rule_outcomes,
 )
 from app.cache.storage.intents import HeadMeta, IntentHead
@@ -57,8 +56,11 @@ def clusters(per: int, classes: int, noise: float, seed: int = 0) -> tuple[np.nd
 
 def test_the_head_learns_separable_intents_and_stores_as_plain_arrays() -> None:
     vectors, labels = clusters(40, 6, 0.3)
-    weights, bias = fit_softmax(vectors, labels, 6)
-    predicted, confidence = predict(weights, bias, vectors)
+    fitted = SoftmaxHead(n_classes=6).fit(vectors, labels)
+    assert fitted.get_params()["n_classes"] == 6 and list(fitted.classes_) == list(range(6))
+    assert np.allclose(fitted.predict_proba(vectors).sum(axis=1), 1.0) and (fitted.predict(vectors) == labels).mean() > 0.98
+    weights, bias = fitted.coef_, fitted.intercept_
+    predicted, confidence = fitted.read(vectors)
     assert (predicted == labels).mean() > 0.98 and confidence.min() > 0.2
     meta = HeadMeta(name="t", tenant="acme", category="faq", intents=[f"i{n}" for n in range(6)], shared=[True] * 6,
                     threshold=0.5, fingerprint="use:32", phrasings=240, accuracy=1.0, served_share=1.0,

@@ -70,41 +70,88 @@ GRID_SHARES = tuple(round(0.10 + 0.05 * i, 2) for i in range(18))
 CHAIN_STARTS = (0.10, 0.30)
 
 
-def fit_softmax(vectors: np.ndarray, labels: np.ndarray, classes: int, *, epochs: int = EPOCHS,
-                seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Weights ``(dims, classes)`` and bias ``(classes,)`` of a softmax head (a class without
-    phrasings keeps a zero prototype and learns only to stay unlikely)."""
-    x = np.asarray(vectors, dtype=np.float32)
-    n = x.shape[0]
-    onehot = np.zeros((n, classes), dtype=np.float32)
-    onehot[np.arange(n), labels] = 1.0
-    counts = np.maximum(onehot.sum(axis=0), 1.0)
-    prototypes = (onehot.T @ x) / counts[:, None]
-    prototypes /= np.maximum(np.linalg.norm(prototypes, axis=1, keepdims=True), 1e-9)
-    weights = (prototypes.T * 10.0).astype(np.float32)
-    bias = np.zeros(classes, dtype=np.float32)
-    moments = [np.zeros_like(weights), np.zeros_like(weights), np.zeros_like(bias), np.zeros_like(bias)]
-    beta1, beta2 = 0.9, 0.999
-    for step in range(1, epochs + 1):
-        logits = x @ weights + bias
+class SoftmaxHead:
+    """A linear softmax over a team's intents, in scikit-learn's estimator contract: parameters
+    in the constructor, :meth:`fit` returns the head, ``classes_``, :meth:`predict_proba` and
+    :meth:`predict`; the fitted weights are ``coef_`` ``(dims, classes)`` and ``intercept_``.
+
+    Fitted by full-batch Adam from the intents' prototypes (their phrasings' mean direction),
+    numpy only. A class without phrasings keeps a zero prototype and learns only to stay unlikely.
+
+    Args:
+        n_classes: Intents the head reads, labelled ``0 .. n_classes - 1`` (some may have no
+            phrasings in a fold); ``None``: those in ``y``, from 0 to its largest label.
+        epochs: Adam's full-batch steps.
+        l2: The weights' shrinkage.
+        learning_rate: Adam's step.
+        seed: Kept for the contract (the fit is deterministic: full batches from the prototypes).
+    """
+
+    def __init__(self, *, n_classes: int | None = None, epochs: int = EPOCHS, l2: float = L2,
+                 learning_rate: float = LEARNING_RATE, seed: int = 0) -> None:
+        self.n_classes = n_classes
+        self.epochs = epochs
+        self.l2 = l2
+        self.learning_rate = learning_rate
+        self.seed = seed
+
+    def get_params(self, deep: bool = True) -> dict[str, object]:
+        return {"n_classes": self.n_classes, "epochs": self.epochs, "l2": self.l2,
+                "learning_rate": self.learning_rate, "seed": self.seed}
+
+    def set_params(self, **params: object) -> SoftmaxHead:
+        for name, value in params.items():
+            if name not in self.get_params():
+                raise ValueError(f"SoftmaxHead has no parameter {name!r}")
+            setattr(self, name, value)
+        return self
+
+    def fit(self, X: np.ndarray, y: np.ndarray) -> SoftmaxHead:
+        x = np.asarray(X, dtype=np.float32)
+        labels = np.asarray(y, dtype=int)
+        classes = self.n_classes if self.n_classes is not None else int(labels.max()) + 1
+        n = x.shape[0]
+        onehot = np.zeros((n, classes), dtype=np.float32)
+        onehot[np.arange(n), labels] = 1.0
+        counts = np.maximum(onehot.sum(axis=0), 1.0)
+        prototypes = (onehot.T @ x) / counts[:, None]
+        prototypes /= np.maximum(np.linalg.norm(prototypes, axis=1, keepdims=True), 1e-9)
+        weights = (prototypes.T * 10.0).astype(np.float32)
+        bias = np.zeros(classes, dtype=np.float32)
+        moments = [np.zeros_like(weights), np.zeros_like(weights), np.zeros_like(bias), np.zeros_like(bias)]
+        beta1, beta2 = 0.9, 0.999
+        for step in range(1, self.epochs + 1):
+            logits = x @ weights + bias
+            logits -= logits.max(axis=1, keepdims=True)
+            probabilities = np.exp(logits)
+            probabilities /= probabilities.sum(axis=1, keepdims=True)
+            error = (probabilities - onehot) / n
+            grads = (x.T @ error + self.l2 * weights, error.sum(axis=0))
+            for i, (param, grad) in enumerate(zip((weights, bias), grads, strict=True)):
+                m, v = moments[2 * i], moments[2 * i + 1]
+                m *= beta1
+                m += (1 - beta1) * grad
+                v *= beta2
+                v += (1 - beta2) * grad * grad
+                param -= self.learning_rate * (m / (1 - beta1 ** step)) / (np.sqrt(v / (1 - beta2 ** step)) + 1e-8)
+        self.classes_ = np.arange(classes)
+        self.coef_, self.intercept_ = weights, bias
+        return self
+
+    def predict_proba(self, X: np.ndarray) -> np.ndarray:
+        logits = np.asarray(X, dtype=np.float32) @ self.coef_ + self.intercept_
         logits -= logits.max(axis=1, keepdims=True)
-        probabilities = np.exp(logits)
+        probabilities: np.ndarray = np.exp(logits)
         probabilities /= probabilities.sum(axis=1, keepdims=True)
-        error = (probabilities - onehot) / n
-        grads = (x.T @ error + L2 * weights, error.sum(axis=0))
-        for i, (param, grad) in enumerate(zip((weights, bias), grads, strict=True)):
-            m, v = moments[2 * i], moments[2 * i + 1]
-            m *= beta1
-            m += (1 - beta1) * grad
-            v *= beta2
-            v += (1 - beta2) * grad * grad
-            param -= LEARNING_RATE * (m / (1 - beta1 ** step)) / (np.sqrt(v / (1 - beta2 ** step)) + 1e-8)
-    return weights, bias
+        return probabilities
 
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        return np.asarray(self.classes_[self.predict_proba(X).argmax(axis=1)])
 
-def predict(weights: np.ndarray, bias: np.ndarray, vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(intent index, confidence) of each row: the served head's own arithmetic."""
-    return softmax_predict(weights, bias, vectors)
+    def read(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(intent index, confidence) of each row: what the served head computes
+        (``IntentHead.predict``, from the same weights)."""
+        return softmax_predict(self.coef_, self.intercept_, X)
 
 
 def binomial_tail(wrong: int, served: int, rate: float) -> float:
@@ -228,8 +275,8 @@ def held_out_folds(vectors: np.ndarray, labels: np.ndarray, classes: int, floor:
         hidden = order[start:start + held] if held else np.array([], dtype=int)
         is_hidden = np.isin(labels, hidden)
         train, test = (fold_of != fold) & ~is_hidden, fold_of == fold
-        weights, bias = fit_softmax(vectors[train], labels[train], classes, epochs=epochs, seed=seed)
-        predicted[test], sure[test] = predict(weights, bias, vectors[test])
+        head = SoftmaxHead(n_classes=classes, epochs=epochs, seed=seed).fit(vectors[train], labels[train])
+        predicted[test], sure[test] = head.read(vectors[test])
         unknown[test] = is_hidden[test]
     nearest = np.full((len(labels), NEIGHBOURS), -1)
     of_intent = np.full((len(labels), OF_INTENT), -1)

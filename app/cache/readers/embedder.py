@@ -26,6 +26,7 @@ import numpy as np
 import openai
 
 from app.cache.readers.base import ReadPair, first_model
+from app.cache.readers.onnx_vectors import OnnxModelVectors, is_onnx_folder
 from app.embed import BatchingEmbedder
 
 logger = logging.getLogger("strata.readers")
@@ -137,7 +138,7 @@ class BatchedVectors:
         max_pending: Texts waiting before a read fails at once (a cache failure: a miss).
     """
 
-    def __init__(self, model: LocalModelVectors, max_batch: int = 32, max_pending: int = 512) -> None:
+    def __init__(self, model: LocalModelVectors | OnnxModelVectors, max_batch: int = 32, max_pending: int = 512) -> None:
         self._queue = BatchingEmbedder(model, max_batch=max_batch, max_pending=max_pending)
         self.name = model.name
         self.fingerprint = model.fingerprint
@@ -152,10 +153,12 @@ class BatchedVectors:
 def vector_source(spec: str, threads: int = 2, timeout_s: float = 5.0, api_key: str = "", model: str = "",
                   prompts: Sequence[str] = SIMILARITY_PROMPTS) -> VectorSource:
     """``STRATA_READER_EMBEDDER`` (or ``STRATA_INTENT_EMBEDDER``): an ``http(s)://`` URL is an
-    embeddings endpoint, anything else a sentence-transformers folder (its first prompt of
-    ``prompts`` that it names)."""
+    embeddings endpoint, a folder ``strata intents export-reader`` wrote an ONNX encoder, anything
+    else a sentence-transformers folder (its first prompt of ``prompts`` that it names)."""
     if spec.startswith(("http://", "https://")):
         return EndpointVectors(spec, model, timeout_s, api_key)
+    if is_onnx_folder(spec):  # `strata intents export-reader`: no torch at run time
+        return OnnxModelVectors(spec, threads)
     return LocalModelVectors(spec, threads, prompts)
 
 
