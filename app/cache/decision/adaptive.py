@@ -12,7 +12,7 @@ observations give the category's live precision (:meth:`AdaptiveDecision.precisi
 from __future__ import annotations
 
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import msgspec
 from redis.asyncio import Redis
@@ -24,6 +24,7 @@ from app.cache.decision.rules import (
     Facts,
     Guards,
     IntentMatch,
+    PoolOnce,
     Rule,
     Ruling,
     rules_for,
@@ -136,8 +137,10 @@ class AdaptiveDecision:
         policy = query.category.semantic
         assert isinstance(policy, AdaptiveSemantic)
 
-        async def pool() -> PooledCounts:
+        async def read_pool() -> PooledCounts:
             return await self.pooled.counts(query.version, query.category.name, query.canonical.tenant)
+
+        pool = PoolOnce(read_pool)
 
         for row in beyond_band:
             decided = await self._beyond_band(query, question, row, rows, asked_intent, pool)
@@ -168,8 +171,7 @@ class AdaptiveDecision:
         return None
 
     async def _beyond_band(self, query: CacheQuery, question: str, row: Nearest, rows: Sequence[Nearest],
-                           asked_intent: IntentGuess | None, pool: Callable[[], Awaitable[PooledCounts]]
-                           ) -> Serve | Candidate | None:
+                           asked_intent: IntentGuess | None, pool: PoolOnce) -> Serve | Candidate | None:
         """A row below the band, read as the asked intent: served (or explored) only when the
         intent rule serves it past the guards and the document's veto; else ``None``."""
         policy = query.category.semantic
@@ -205,7 +207,7 @@ class AdaptiveDecision:
             key=row.key, root=facts.root, question=facts.cached_question, similarity=row.similarity,
             score_bin=facts.score_bin, answer=answer_bytes(row),
             neighbours=neighbours_of(facts.root, row, rows, policy.threshold), source=source_of(row),
-            vouched=ruling.vouched, read=facts.read_later,
+            vouched=ruling.vouched, read=ruling.read_later,
             reader_said_no=self._explore.reader_no_kept(ruling, policy),
             refused="" if verdict.accepted else verdict.reason,
             intent=facts.asked_intent.intent if ruling.vouched == VOUCH_INTENT and facts.asked_intent else "")
@@ -213,7 +215,7 @@ class AdaptiveDecision:
             return msgspec.structs.replace(candidate, explored=True)
         if verdict.accepted:
             return Serve(row=row, reason=verdict.reason, score_bin=facts.score_bin,
-                         check=msgspec.structs.replace(candidate, first_check=True) if facts.unchecked else None)
+                         check=msgspec.structs.replace(candidate, first_check=True) if ruling.check_after else None)
         return candidate
 
     async def precision(self, tag: str, category: str, policy: AdaptiveSemantic, tenant: str | None = None) -> Precision:

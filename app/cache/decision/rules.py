@@ -15,7 +15,7 @@ A new rule is one class here and one line in :func:`rules_for`.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar
 
 import msgspec
@@ -67,31 +67,55 @@ from app.policy import AdaptiveSemantic
 
 
 class Ruling(msgspec.Struct, frozen=True, kw_only=True):
-    """What a rule decided about a candidate.
+    """What a rule decided about a candidate, and what the decision does after it because of
+    that rule (carried here, never left on :class:`Facts`, so the order of the rules cannot
+    change what a ruling means).
 
     Attributes:
         verdict: Served or not, and why (the reason is ``X-Cache-Verdict`` and the metrics' label).
         vouched: The rule that vouched beside the pool (``record``, ``reader``; "" for none): the
             model's answer to an explored or refused candidate counts for or against that rule.
         next_row: The candidate is set aside and the next row is considered (a guard).
+        read_later: The reader reads the pair after the response (it is not trusted at this
+            score yet), and its verdict is counted against the model's answer.
+        check_after: Served by the intent rule from an entry whose answer was never checked
+            against its intent (``intent_first_check``): the model is asked the same question
+            after the response, and its answer checks the entry.
     """
 
     verdict: Verdict
     vouched: str = ""
     next_row: bool = False
+    read_later: bool = False
+    check_after: bool = False
 
 
-def serve(reason: str, vouched: str = "") -> Ruling:
-    return Ruling(verdict=Verdict(True, reason), vouched=vouched)
+def serve(reason: str, vouched: str = "", *, check_after: bool = False) -> Ruling:
+    return Ruling(verdict=Verdict(True, reason), vouched=vouched, check_after=check_after)
 
 
-def refuse(reason: str) -> Ruling:
-    return Ruling(verdict=Verdict(False, reason))
+def refuse(reason: str, *, read_later: bool = False) -> Ruling:
+    return Ruling(verdict=Verdict(False, reason), read_later=read_later)
 
 
-@dataclass
+class PoolOnce:
+    """The tenant's pool in the category, read at most once per request however many rules and
+    rows ask (the one mutable thing behind the frozen :class:`Facts`)."""
+
+    def __init__(self, read: Callable[[], Awaitable[PooledCounts]]) -> None:
+        self._read = read
+        self._counts: PooledCounts | None = None
+
+    async def __call__(self) -> PooledCounts:
+        if self._counts is None:
+            self._counts = await self._read()
+        return self._counts
+
+
+@dataclass(frozen=True)
 class Facts:
-    """One candidate as the rules see it; the pool is read once, by the first rule that needs it.
+    """One candidate as the rules see it: read-only, so no rule can leave a note that a later
+    rule, or the decision, reads (what a rule learnt is on its :class:`Ruling`).
 
     Attributes:
         query: The planned query (an adaptive category's).
@@ -100,14 +124,8 @@ class Facts:
         root: The entry whose answer it serves.
         score: Its decision score (similarity plus half its margin over another answer).
         score_bin: That score's bin.
-        read_later: Set by the reader rule: the reader reads it after the response (it is not
-            trusted at this score yet), and its verdict is counted against the model's answer.
+        pool: The tenant's pool, read once (:class:`PoolOnce`).
         asked_intent: What the tenant's intent head read in the asked question (``None``: no head).
-        unchecked: Set by the intent rule when it serves the candidate but its entry's answer was
-            never checked against its intent (``intent_first_check``): the model is asked the
-            same question after the response, and its answer checks the entry.
-        in_prior: Set by the pool rule: the candidate is in the prior's zone (``accept_above`` and
-            up, with its evidence); a serve there is reported as ``above_band`` whatever vouched.
     """
 
     query: CacheQuery
@@ -116,12 +134,8 @@ class Facts:
     root: str
     score: float
     score_bin: int
-    pool: Callable[[], Awaitable[PooledCounts]]
-    read_later: bool = False
-    in_prior: bool = False
+    pool: PoolOnce
     asked_intent: IntentGuess | None = None
-    unchecked: bool = False
-    _counts: PooledCounts | None = field(default=None, repr=False)
 
     @property
     def policy(self) -> AdaptiveSemantic:
@@ -142,10 +156,25 @@ class Facts:
         return self.root == self.row.key
 
     async def counts(self) -> PooledCounts:
-        """The tenant's pool in the category (read once per candidate)."""
-        if self._counts is None:
-            self._counts = await self.pool()
-        return self._counts
+        """The tenant's pool in the category (read once per request)."""
+        return await self.pool()
+
+
+class PriorZone:
+    """Whether a candidate is in the prior's zone: ``accept_above`` and up, with its evidence
+    (``prior_evidence``: the pool measured enough there, or the two questions share their
+    content words). The pool serves there on the prior, and the entry record's serve there is
+    reported as the prior's; both ask this one function."""
+
+    def __init__(self, check: CandidateCheck) -> None:
+        self._check = check
+
+    async def __call__(self, facts: Facts) -> bool:
+        policy = facts.policy
+        if facts.similarity < policy.accept_above:
+            return False
+        return (not policy.prior_evidence or prior_has_evidence(await facts.counts(), facts.score_bin, policy)
+                or self._check.same_content(facts.question, facts.cached_question))
 
 
 class Described:
@@ -320,8 +349,8 @@ class IntentMatch(Rule):
         if standing.vetoed:
             return refuse(WRONG_BEFORE)
         # Served now; the model is asked the same question off the request path (once per entry).
-        facts.unchecked = facts.policy.intent_first_check and not standing.checked and source_of(facts.row) == SOURCE_MODEL
-        return serve(INTENT_MATCH, VOUCH_INTENT)
+        return serve(INTENT_MATCH, VOUCH_INTENT, check_after=facts.policy.intent_first_check and not standing.checked
+                     and source_of(facts.row) == SOURCE_MODEL)
 
 
 # At most this many intents are set aside one by one before the tenant's whole record decides
@@ -382,16 +411,13 @@ class Pool(Rule):
     reads = "`strata:vN:obs:<category>:<tenant>` (`ok:<bin>`, `wrong:<bin>`); the entry's `wrong_above` for an alias"
     counts = "an explored serve: `explored_ok`/`explored_wrong` and its bin in the pool"
 
-    def __init__(self, check: CandidateCheck, entry_veto: EntryVeto) -> None:
-        self._check = check
+    def __init__(self, prior_zone: PriorZone, entry_veto: EntryVeto) -> None:
+        self._prior_zone = prior_zone
         self._entry_veto = entry_veto
 
     async def __call__(self, facts: Facts) -> Ruling | None:
         policy, counts = facts.policy, await facts.counts()
-        prior = facts.similarity >= policy.accept_above and (
-            not policy.prior_evidence or prior_has_evidence(counts, facts.score_bin, policy)
-            or self._check.same_content(facts.question, facts.cached_question))
-        facts.in_prior = prior
+        prior = await self._prior_zone(facts)
         if not within_bound(counts, facts.score_bin, policy, prior=prior):
             return None
         if await self._entry_veto.vetoed(facts):
@@ -409,8 +435,9 @@ class EntryRecord(Rule):
     reads = "the entry's `confirmed:<bin>` and `wrong_above` (one HMGET)"
     counts = "`record_ok:<bin>`/`record_wrong:<bin>` when explored (in the prior's zone only), never the pool's bins"
 
-    def __init__(self, redis: Redis) -> None:
+    def __init__(self, redis: Redis, prior_zone: PriorZone) -> None:
         self._redis = redis
+        self._prior_zone = prior_zone
 
     async def __call__(self, facts: Facts) -> Ruling | None:
         policy = facts.policy
@@ -421,7 +448,7 @@ class EntryRecord(Rule):
         if not entry_vouches(values, facts.similarity, policy):
             return None
         # In the prior's zone the serve is reported, and explored, as the prior's.
-        return serve(ABOVE_BAND if facts.in_prior else ENTRY_RECORD, VOUCH_RECORD)
+        return serve(ABOVE_BAND if await self._prior_zone(facts) else ENTRY_RECORD, VOUCH_RECORD)
 
 
 class ReaderRule(Rule):
@@ -443,8 +470,9 @@ class ReaderRule(Rule):
         if policy.reader == "off":
             return None
         if policy.reader != "serve" or not reader_trusted(await facts.counts(), facts.score_bin, policy):
-            facts.read_later = source_of(facts.row) == SOURCE_MODEL
-            return None
+            # Not trusted here yet: nothing vouched (the last rule's verdict), and the reader
+            # reads the pair after the response; a curated answer is not read.
+            return refuse(OUTSIDE_BOUND, read_later=source_of(facts.row) == SOURCE_MODEL)
         said = await self._reader.read(ReadPair(asked=facts.question, cached=facts.cached_question,
                                                 model=facts.query.canonical.model, similarity=facts.similarity))
         self._on_read(self._reader.name, READ_FAILED if said is None else READ_YES if said else READ_NO)
@@ -468,11 +496,11 @@ class OutsideBound(Rule):
 def rules_for(policy: AdaptiveSemantic, check: CandidateCheck, redis: Redis, reader: Reader | None,
               on_read: Callable[[str, str], None]) -> tuple[Rule, ...]:
     """The ordered rules of an adaptive category: the one place the list is built."""
-    entry_veto = EntryVeto(redis)
+    entry_veto, prior_zone = EntryVeto(redis), PriorZone(check)
     rules: list[Rule] = [Guards(check), DocumentVeto(), CuratedWording(entry_veto), IntentVeto(),
-                         IntentMatch(entry_veto), Pool(check, entry_veto)]
+                         IntentMatch(entry_veto), Pool(prior_zone, entry_veto)]
     if policy.entry_confirmations > 0:
-        rules.append(EntryRecord(redis))
+        rules.append(EntryRecord(redis, prior_zone))
     if reader is not None and policy.reader != "off":
         rules.append(ReaderRule(reader, on_read))
     rules.append(OutsideBound())
