@@ -18,6 +18,7 @@ from redisvl.index import AsyncSearchIndex
 from app import tracing
 from app.cache.decision.adaptive import AdaptiveDecision, Serve
 from app.cache.decision.candidates import answer_bytes, check_row, root_of, source_of
+from app.cache.decision.rules import BAND_ROWS
 from app.cache.decision.stats import PooledObservations, milli, score_bin
 from app.cache.decision.verify import WRONG_BEFORE, CandidateCheck, ThresholdVerifier
 from app.cache.learning.intents import OF_INTENT
@@ -36,7 +37,8 @@ logger = logging.getLogger("strata.semantic")
 SEMANTIC = "semantic"
 # The verdict counted for a question longer than the semantic layer takes.
 QUESTION_TOO_LONG = "question_too_long"
-ADAPTIVE_CANDIDATES = 8
+# The band the adaptive decision rules on: the rows the intents' calibration replays too.
+ADAPTIVE_CANDIDATES = BAND_ROWS
 
 
 class SemanticCache:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import msgspec
 from redis.asyncio import Redis
@@ -312,6 +312,26 @@ class IntentVeto(Rule):
         return Ruling(verdict=Verdict(False, INTENT_DIFFERS), next_row=True)
 
 
+# The rows of the band the adaptive decision rules on (the KNN's first results), and the nearest
+# phrasings the intents' calibration replays each asker against: one number, so that what the
+# calibration certifies is what the rule serves.
+BAND_ROWS = 8
+
+
+def intent_rule_serves(asked_intent: Any, asked_confidence: Any, cached_intent: Any, cached_confidence: Any,
+                       threshold: float) -> Any:
+    """The intent rule's predicate: both questions given one intent, each at the calibrated
+    ``threshold`` or above. Scalars (the rule, on one row) or numpy arrays (the calibration's
+    replay of the team's held-out phrasings): the one definition both use."""
+    return (asked_intent == cached_intent) & (asked_confidence >= threshold) & (cached_confidence >= threshold)
+
+
+def check_after_serving(facts: Facts, standing: IntentStanding) -> bool:
+    """Whether the intent rule's serve is checked against the model after the response: its
+    first from an entry of the model's answers never checked (``intent_first_check``)."""
+    return facts.policy.intent_first_check and not standing.checked and source_of(facts.row) == SOURCE_MODEL
+
+
 class IntentMatch(Rule):
     """The team's intents (issue #46): the asked question and the cached one are both given one
     shared intent at the calibrated confidence, and the tenant's measured intent hits do not
@@ -334,13 +354,13 @@ class IntentMatch(Rule):
 
     async def __call__(self, facts: Facts) -> Ruling | None:
         guess = facts.asked_intent
-        if guess is None or not guess.confident or not guess.shared:
+        if guess is None or not guess.shared:
             return None
         fields = facts.row.fields
-        if as_text(fields.get(FIELD_INTENT)) != guess.intent:
+        if not intent_rule_serves(guess.intent, guess.confidence, as_text(fields.get(FIELD_INTENT)),
+                                  float(as_text(fields.get(FIELD_INTENT_CONFIDENCE)) or 0.0), guess.threshold):
             return None
-        if float(as_text(fields.get(FIELD_INTENT_CONFIDENCE)) or 0.0) < guess.threshold:
-            return None
+        # The tenant's measured intent hits: the calibration stands, for this intent and overall.
         if not intents_refuted(await facts.counts(), facts.policy).serves(guess.intent):
             return None
         standing = await self._entry_veto.vetoed_for_intent(facts)
@@ -349,8 +369,7 @@ class IntentMatch(Rule):
         if standing.vetoed:
             return refuse(WRONG_BEFORE)
         # Served now; the model is asked the same question off the request path (once per entry).
-        return serve(INTENT_MATCH, VOUCH_INTENT, check_after=facts.policy.intent_first_check and not standing.checked
-                     and source_of(facts.row) == SOURCE_MODEL)
+        return serve(INTENT_MATCH, VOUCH_INTENT, check_after=check_after_serving(facts, standing))
 
 
 # At most this many intents are set aside one by one before the tenant's whole record decides

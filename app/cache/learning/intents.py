@@ -43,6 +43,7 @@ from collections.abc import Callable
 import msgspec
 import numpy as np
 
+from app.cache.decision.rules import BAND_ROWS, intent_rule_serves
 from app.cache.storage.intents import softmax_predict
 
 # Learn-then-Test's risk level: the threshold holds with at least this probability (95%, or the
@@ -234,7 +235,7 @@ class Fold(msgspec.Struct, frozen=True, kw_only=True):
     of_intent: np.ndarray
 
 
-NEIGHBOURS = 8
+NEIGHBOURS = BAND_ROWS
 # Rows the intent rule looks at beyond the band when the band has none of the asked intent: the
 # nearest cached questions the head read as that intent (a KNN filtered by intent).
 OF_INTENT = 4
@@ -316,7 +317,8 @@ def _first_match(fold: Fold, candidates: np.ndarray, threshold: float) -> tuple[
     """(found, which) per asker: the first candidate read as the asker's intent at ``threshold``."""
     valid = candidates >= 0
     safe = np.where(valid, candidates, 0)
-    matches = valid & (fold.predicted[safe] == fold.predicted[:, None]) & (fold.confidence[safe] >= threshold)
+    matches = valid & intent_rule_serves(fold.predicted[:, None], fold.confidence[:, None], fold.predicted[safe],
+                                         fold.confidence[safe], threshold)
     return matches.any(axis=1), safe[np.arange(len(safe)), matches.argmax(axis=1)]
 
 
@@ -330,7 +332,7 @@ def rule_outcomes(fold: Fold, threshold: float, beyond_band: bool = False) -> tu
     beyond, beyond_first = _first_match(fold, fold.of_intent, threshold)
     beyond &= beyond_band
     first = np.where(in_band, band_first, beyond_first)
-    served = (fold.confidence >= threshold) & (in_band | beyond)
+    served = in_band | beyond  # the predicate holds the asker to the threshold too
     wrong = served & ((fold.labels[first] != fold.labels) | fold.unknown)
     return served, wrong
 
