@@ -264,7 +264,8 @@ def cmd_replay_intents(args: argparse.Namespace, settings: Settings) -> int:
     if args.source == "faqset" and not args.file:
         return fail("--source faqset needs --file")
     try:
-        rows = team_intents(args.source, source, args.per_intent, args.seed, args.domain, args.intents)
+        rows = team_intents(args.source, source, args.per_intent, args.seed, args.domain, args.intents,
+                            out_of_scope=args.out_of_scope)
     except (StreamFileError, OSError) as exc:
         return fail(str(exc))
     if Path(args.out).suffix.lower() in (".yaml", ".yml"):
@@ -715,6 +716,8 @@ def parser() -> argparse.ArgumentParser:
     intents_step.add_argument("--domain", choices=sorted(CLINC_DOMAINS), default="")
     intents_step.add_argument("--intents", type=int, default=0,
                               help="keep only the first N CLINC intents, as `replay build --intents` (0: all)")
+    intents_step.add_argument("--out-of-scope", action="store_true",
+                              help="CLINC150's oos_train questions too, labelled out_of_scope")
     intents_step.add_argument("--seed", type=int, default=0)
     intents_step.add_argument("--data-dir", default=str(DEFAULT_DATA))
     intents_step.add_argument("--out", required=True, help="CSV text,intent; .yaml: phrasings and an answer per intent")

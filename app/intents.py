@@ -76,6 +76,20 @@ class IntentDef(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     answer: str | None = None
     shared: bool = True
 
+    @property
+    def out_of_scope(self) -> bool:
+        """Questions the team does not answer (Rasa's ``out_of_scope``, Dialogflow's fallback):
+        never served; the calibration's out-of-scope questions, instead of intents held out."""
+        return out_of_scope_name(self.intent)
+
+
+# The names teams give the questions they do not answer (case and separators ignored).
+OUT_OF_SCOPE_NAMES = frozenset({"oos", "outofscope", "fallback", "defaultfallbackintent", "nlufallback"})
+
+
+def out_of_scope_name(intent: str) -> bool:
+    return "".join(c for c in intent.casefold() if c.isalnum()) in OUT_OF_SCOPE_NAMES
+
 
 def read_intents(path: Path) -> list[IntentDef]:
     """Read and check a whole file; nothing is loaded from a file that fails a check.
@@ -124,6 +138,8 @@ def read_intents(path: Path) -> list[IntentDef]:
             raise IntentsFileError(f"{where}: needs at least two different phrasings")
         if item.answer is not None and not item.answer.strip():
             raise IntentsFileError(f"{where}: an empty answer")
+        if item.out_of_scope and item.answer is not None:
+            raise IntentsFileError(f"{where}: questions out of scope have no answer to serve")
         for t in texts:
             if owner.setdefault(t, item.intent) != item.intent:
                 raise IntentsFileError(f"{path}: {t!r} is a phrasing of both {owner[t]!r} and {item.intent!r}")
@@ -221,7 +237,9 @@ async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *,
 
     calibration = await asyncio.to_thread(
         calibrate, read, labels, len(every), semantic_policy.error_bound, semantic_policy.threshold,
-        delta=delta, seed=seed, refused=refused, near=vectors, beyond_band=beyond_band)
+        delta=delta, seed=seed, refused=refused, near=vectors, beyond_band=beyond_band,
+        out_of_scope=np.array([i.out_of_scope for i in every]), servable=np.array([i.shared and not i.out_of_scope
+                                                                                   for i in every]))
     softmax = await asyncio.to_thread(SoftmaxHead(n_classes=len(every), seed=seed).fit, read, labels)
     weights, bias = softmax.coef_, softmax.intercept_
     fitted = time.monotonic()
@@ -233,7 +251,7 @@ async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *,
                 f"{' (the nearest cached ones of that intent beyond the band too)' if beyond_band else ''}: "
                 f"wrong share <= {semantic_policy.error_bound:.1%} at {1 - delta:.0%} on held-out readings replayed as a stream")
     meta = HeadMeta(name=name, tenant=tenant, category=category, intents=[i.intent for i in every],
-                    shared=[i.shared for i in every], threshold=calibration.threshold,
+                    shared=[i.shared and not i.out_of_scope for i in every], threshold=calibration.threshold,
                     fingerprint=reader.fingerprint, phrasings=len(texts),
                     accuracy=calibration.accuracy, served_share=calibration.served_share,
                     held_out_wrong=calibration.held_out_wrong, error_bound=semantic_policy.error_bound, rule=rule,

@@ -175,12 +175,14 @@ def faqset_faq(path: Path, per_label: int, category: str = "faq") -> list[dict[s
 
 
 def team_intents(source: str, path: Path, per_intent: int = 0, seed: int = 0, domain: str = "",
-                 first_intents: int = 0) -> list[tuple[str, str]]:
+                 first_intents: int = 0, out_of_scope: bool = False) -> list[tuple[str, str]]:
     """A team's labelled phrasings for ``strata intents load`` (issue #46), as (text, intent) rows:
     CLINC150's *train* split (every utterance, or ``per_intent`` of each, seeded; one domain's
     intents with ``domain``; the first ``first_intents`` by name, as ``clinc_stream``'s
     ``domain_intents`` keeps them), or a FAQ set's first ``per_intent`` wordings per label (what
-    ``replay build --held`` keeps out of its stream)."""
+    ``replay build --held`` keeps out of its stream). ``out_of_scope``: CLINC150's ``oos_train``
+    questions too, labelled ``out_of_scope`` (as Rasa names them; never served, the calibration's
+    out-of-scope questions)."""
     rows: list[tuple[str, str]] = []
     if source == "faqset":
         for item in read_faqset(path):
@@ -188,10 +190,13 @@ def team_intents(source: str, path: Path, per_intent: int = 0, seed: int = 0, do
             rows.extend((text, str(item["label"])) for text in wordings)
         return rows
     groups: dict[str, list[str]] = defaultdict(list)
+    unknown: list[str] = []
     with path.open(encoding="utf-8-sig", newline="") as handle:
         for row in csv.DictReader(handle):
             if row["intent"] != "oos" and row["split"] == "train":
                 groups[row["intent"]].append(normalize_text(row["text"]))
+            elif row["intent"] == "oos" and row["split"] == "oos_train":
+                unknown.append(normalize_text(row["text"]))
     if domain:
         groups = defaultdict(list, {name: groups[name] for name in CLINC_DOMAINS[domain]})
     if first_intents:
@@ -202,6 +207,8 @@ def team_intents(source: str, path: Path, per_intent: int = 0, seed: int = 0, do
         if per_intent:
             texts = rng.sample(texts, min(per_intent, len(texts)))
         rows.extend((text, intent) for text in texts)
+    if out_of_scope:
+        rows.extend((text, "out_of_scope") for text in sorted(set(unknown)))
     return rows
 
 
@@ -234,10 +241,13 @@ def clinc_faq(path: Path, per_intent: int, seed: int = 0, category: str = "faq")
     utterances (seeded), the first as the question and the rest as variants, answered with
     :func:`curated_answer` (the operator's wording of the label's answer)."""
     groups: dict[str, list[str]] = defaultdict(list)
+    unknown: list[str] = []
     with path.open(encoding="utf-8-sig", newline="") as handle:
         for row in csv.DictReader(handle):
             if row["intent"] != "oos" and row["split"] == "train":
                 groups[row["intent"]].append(normalize_text(row["text"]))
+            elif row["intent"] == "oos" and row["split"] == "oos_train":
+                unknown.append(normalize_text(row["text"]))
     rng = random.Random(seed)
     items: list[dict[str, object]] = []
     for intent in sorted(groups):

@@ -182,3 +182,30 @@ def test_a_command_writing_a_file_makes_its_folder(tmp_path: Path) -> None:
     out = tmp_path / "not" / "yet" / "intents.yaml"
     assert main(["replay", "intents", "--source", "clinc", "--data-dir", str(data), "--intents", "3", "--out", str(out)]) == 0
     assert out.exists()
+
+
+def test_a_teams_own_out_of_scope_questions_stand_for_the_unknown_and_are_never_served(tmp_path: Path) -> None:
+    """Issue #58 item 5: a file's out_of_scope phrasings are the calibration's unknown questions
+    (no intent is held out for them), wrong whenever served, and never served themselves."""
+    from app.intents import out_of_scope_name
+
+    assert out_of_scope_name("out_of_scope") and out_of_scope_name("Default Fallback Intent") and out_of_scope_name("OOS")
+    assert not out_of_scope_name("refund")
+    many, labels = clusters(150, 11, 0.2, seed=1)  # intent 10 plays the team's out-of-scope questions
+    scoped = np.arange(11) == 10
+    folds = held_out_folds(many, labels, 11, 0.0, out_of_scope=scoped, servable=~scoped)
+    assert (folds[0].unknown == (labels == 10)).all()  # exactly its own, no intent held out
+    served, wrong = rule_outcomes(folds[0], 0.0)
+    assert not served[folds[0].predicted == 10].any()  # read as out of scope: never served
+    assert wrong[served & (labels == 10)].all()  # an out-of-scope question served is always wrong
+    # Without them a tenth of the intents is held out instead.
+    assert held_out_folds(many, labels, 11, 0.0)[0].unknown.sum() == 150
+    # In a file: the name marks it, and it takes no answer.
+    path = tmp_path / "team.yaml"
+    path.write_text("- {intent: refund, phrasings: [i want my money back, refund please]}\n"
+                    "- {intent: out_of_scope, phrasings: [whats the weather, tell me a joke]}\n")
+    items = read_intents(path)
+    assert [i.out_of_scope for i in items] == [False, True]
+    path.write_text("- {intent: oos, phrasings: [whats the weather, tell me a joke], answer: "we cannot help"}\n")
+    with pytest.raises(IntentsFileError, match="out of scope"):
+        read_intents(path)

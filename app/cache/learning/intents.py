@@ -233,6 +233,8 @@ class Fold(msgspec.Struct, frozen=True, kw_only=True):
     neighbours: np.ndarray  # (n, NEIGHBOURS): the nearest other phrasings, most similar first; -1: none in the band
     # (n, OF_INTENT): the nearest other phrasings read as the asker's intent, at any similarity (-1: none)
     of_intent: np.ndarray
+    # Per intent, whether the rule may serve it (shared, not out of scope); ``None``: every one.
+    servable: np.ndarray | None = None
 
 
 NEIGHBOURS = BAND_ROWS
@@ -250,14 +252,18 @@ def folds_for(phrasings: int) -> int:
 
 def held_out_folds(vectors: np.ndarray, labels: np.ndarray, classes: int, floor: float, *, folds: int | None = None,
                    unknown_share: float = UNKNOWN_SHARE, seed: int = 0, epochs: int = EPOCHS,
-                   refused: Refused | None = None, near: np.ndarray | None = None) -> list[Fold]:
+                   refused: Refused | None = None, near: np.ndarray | None = None,
+                   out_of_scope: np.ndarray | None = None, servable: np.ndarray | None = None) -> list[Fold]:
     """Every phrasing read by a head fitted without its fold (and without a tenth of the intents,
     whose phrasings stand for unknown questions), with its nearest other phrasings of the whole
     file at ``floor`` or above, as the cache's KNN would find them, each read by the head that held
     it out; a neighbour the guards refuse (``refused``) is set aside as the rules set it aside
     before the intent rule. ``near``: the index's vectors of the phrasings when the head reads
     with another embedder (the KNN and its floor are the index's), else ``vectors``. One
-    :class:`Fold`: the file as one stream. ``folds``: :func:`folds_for` the file when not given."""
+    :class:`Fold`: the file as one stream. ``folds``: :func:`folds_for` the file when not given.
+    ``out_of_scope`` (per intent): the team's own out-of-scope questions; when the file has any,
+    they are what is unknown (held out fold by fold, read by a head that learnt the rest of them),
+    and no intent is held out to stand for them. ``servable`` (per intent): what the rule may serve."""
     near = vectors if near is None else near
     folds = folds_for(len(labels)) if folds is None else folds
     rng = np.random.default_rng(seed)
@@ -267,7 +273,10 @@ def held_out_folds(vectors: np.ndarray, labels: np.ndarray, classes: int, floor:
         rng.shuffle(members)
         fold_of[members] = (np.arange(len(members)) + rng.integers(folds)) % folds
     order = rng.permutation(classes)
-    held = math.floor(unknown_share * classes)  # none held out of fewer than ten intents
+    scoped = out_of_scope is not None and bool(np.any(out_of_scope))
+    # Stand-ins for unknown questions: the team's own out-of-scope ones where it gave some; else a
+    # tenth of its intents, held out (none of fewer than ten).
+    held = 0 if scoped else math.floor(unknown_share * classes)
     predicted = np.zeros(len(labels), dtype=int)
     sure = np.zeros(len(labels))
     unknown = np.zeros(len(labels), dtype=bool)
@@ -278,7 +287,7 @@ def held_out_folds(vectors: np.ndarray, labels: np.ndarray, classes: int, floor:
         train, test = (fold_of != fold) & ~is_hidden, fold_of == fold
         head = SoftmaxHead(n_classes=classes, epochs=epochs, seed=seed).fit(vectors[train], labels[train])
         predicted[test], sure[test] = head.read(vectors[test])
-        unknown[test] = is_hidden[test]
+        unknown[test] = is_hidden[test] | (out_of_scope[labels[test]] if scoped and out_of_scope is not None else False)
     nearest = np.full((len(labels), NEIGHBOURS), -1)
     of_intent = np.full((len(labels), OF_INTENT), -1)
     for first in range(0, len(labels), ASKERS_AT_ONCE):
@@ -294,7 +303,7 @@ def held_out_folds(vectors: np.ndarray, labels: np.ndarray, classes: int, floor:
                 if refused(int(row), int(found[row, column])):
                     found[row, column] = -1
     return [Fold(labels=labels, predicted=predicted, confidence=sure, unknown=unknown, neighbours=nearest,
-                 of_intent=of_intent)]
+                 of_intent=of_intent, servable=servable)]
 
 
 def _top(similarity: np.ndarray, count: int, floor: float) -> np.ndarray:
@@ -333,6 +342,8 @@ def rule_outcomes(fold: Fold, threshold: float, beyond_band: bool = False) -> tu
     beyond &= beyond_band
     first = np.where(in_band, band_first, beyond_first)
     served = in_band | beyond  # the predicate holds the asker to the threshold too
+    if fold.servable is not None:
+        served &= fold.servable[fold.predicted]  # an intent the rule never serves (not shared, out of scope)
     wrong = served & ((fold.labels[first] != fold.labels) | fold.unknown)
     return served, wrong
 
@@ -345,12 +356,13 @@ def _trial(held: list[Fold], tau: float, beyond_band: bool) -> tuple[float, np.n
 def calibrate(vectors: np.ndarray, labels: np.ndarray, classes: int, error_bound: float, floor: float, *,
               delta: float = DELTA, seed: int = 0, folds: int | None = None, epochs: int = EPOCHS,
               refused: Refused | None = None, near: np.ndarray | None = None,
-              beyond_band: bool = False) -> Calibration:
+              beyond_band: bool = False, out_of_scope: np.ndarray | None = None,
+              servable: np.ndarray | None = None) -> Calibration:
     """The threshold of the intent rule under ``error_bound`` (the module's procedure); ``near``
     as in :func:`held_out_folds`; ``beyond_band``: the rule also looks at the nearest rows read
     as the asked intent outside the band (a head on a second embedder)."""
     held = held_out_folds(vectors, labels, classes, floor, folds=folds, seed=seed, epochs=epochs, refused=refused,
-                          near=near)
+                          near=near, out_of_scope=out_of_scope, servable=servable)
     confidence = np.concatenate([f.confidence for f in held])
     unknown = np.concatenate([f.unknown for f in held])
     right = np.concatenate([(f.predicted == f.labels) & ~f.unknown for f in held])
