@@ -206,6 +206,6 @@ def test_a_teams_own_out_of_scope_questions_stand_for_the_unknown_and_are_never_
                     "- {intent: out_of_scope, phrasings: [whats the weather, tell me a joke]}\n")
     items = read_intents(path)
     assert [i.out_of_scope for i in items] == [False, True]
-    path.write_text("- {intent: oos, phrasings: [whats the weather, tell me a joke], answer: "we cannot help"}\n")
+    path.write_text("- {intent: oos, phrasings: [whats the weather, tell me a joke], answer: sorry}\n")
     with pytest.raises(IntentsFileError, match="out of scope"):
         read_intents(path)
