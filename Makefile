@@ -246,7 +246,7 @@ compose-up: image
 	for i in $$(seq 1 120); do curl -fsS -m 2 http://127.0.0.1:$${STRATA_HOST_PORT:-8080}/health >/dev/null 2>&1 && break; sleep 1; done; \
 	echo "strata: http://127.0.0.1:$${STRATA_HOST_PORT:-8080} (the model server may take minutes more: curl /health)"; \
 	echo "console: http://127.0.0.1:$${STRATA_HOST_PORT:-8080}/console  admin token (kept on the strata-state volume):"; \
-	podman exec strata_strata_1 cat /var/lib/strata/admin-token
+	podman exec strata-app cat /var/lib/strata/admin-token
 
 compose-down:
 	@$(IMAGE_ENV); podman-compose -p strata $(COMPOSE_FILES) down >/dev/null; echo "compose stack stopped (volumes kept; podman volume rm strata_redis-data strata_strata-state forgets them)"

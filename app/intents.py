@@ -91,6 +91,37 @@ def out_of_scope_name(intent: str) -> bool:
     return "".join(c for c in intent.casefold() if c.isalnum()) in OUT_OF_SCOPE_NAMES
 
 
+# Strata's own English out-of-scope questions (app/data/out_of_scope_en.txt): the calibration's
+# unknown questions when a team gives none. A tenth of the team's intents held out instead are
+# twins of its known ones, and hold a head to a threshold real out-of-scope traffic does not need.
+OUT_OF_SCOPE_FILE = Path(__file__).resolve().parent / "data" / "out_of_scope_en.txt"
+STAND_IN_INTENT = "out_of_scope"
+# A file reads as English when this share of its phrasings is mostly ASCII letters.
+ENGLISH_SHARE = 0.9
+
+
+def reads_english(items: list[IntentDef]) -> bool:
+    texts = [t for item in items for t in item.phrasings]
+
+    def latin(text: str) -> bool:
+        letters = [c for c in text if c.isalpha()]
+        return bool(letters) and sum(c.isascii() for c in letters) >= 0.9 * len(letters)
+
+    return bool(texts) and sum(latin(t) for t in texts) >= ENGLISH_SHARE * len(texts)
+
+
+def out_of_scope_stand_ins(items: list[IntentDef]) -> list[IntentDef]:
+    """Strata's English out-of-scope questions as an ``out_of_scope`` intent, for an English file
+    with none of its own (none for another language: its held-out intents stand in, as before)."""
+    if any(item.out_of_scope for item in items) or not reads_english(items):
+        return []
+    taken = {normalize_text(t) for item in items for t in item.phrasings}
+    lines = OUT_OF_SCOPE_FILE.read_text(encoding="utf-8").splitlines()
+    stand_ins = [t for t in dict.fromkeys(normalize_text(line) for line in lines if line and not line.startswith("#"))
+                 if t not in taken]
+    return [IntentDef(intent=STAND_IN_INTENT, phrasings=stand_ins, shared=False)] if len(stand_ins) >= 2 else []
+
+
 def read_intents(path: Path) -> list[IntentDef]:
     """Read and check a whole file; nothing is loaded from a file that fails a check.
 
@@ -161,13 +192,18 @@ class IntentsLoaded(msgspec.Struct, frozen=True, kw_only=True):
     # Of them, embedding the phrasings, and fitting and calibrating the head (the issue's 2 minutes).
     embedding_seconds: float = 0.0
     fitting_seconds: float = 0.0
+    # Strata's out-of-scope stand-ins added (the file had no out_of_scope intent of its own).
+    stand_ins: int = 0
 
     def line(self) -> str:
         m = self.meta
+        added = (f" (with {self.stand_ins} out-of-scope questions of Strata's as the calibration's unknown ones: "
+                 "the file has no out_of_scope intent)") if self.stand_ins else ""
         # One line; what the rule does, or why it serves nothing and what would change that, comes
         # last: it is what the team acts on.
-        return (f"loaded {m.phrasings} phrasings of {len(m.intents)} intents as {m.name!r} for tenant {m.tenant!r} in "
-                f"{m.category!r}: cross-validated accuracy {m.accuracy:.1%}; it would serve "
+        return (f"loaded {m.phrasings - self.stand_ins} phrasings of {len(m.intents) - bool(self.stand_ins)} intents as "
+                f"{m.name!r} for tenant {m.tenant!r} in {m.category!r}{added}: cross-validated accuracy "
+                f"{m.accuracy:.1%}; it would serve "
                 f"{m.served_share:.1%} of the team's held-out phrasings ({m.held_out_wrong:.2%} of them wrong); "
                 f"{self.labelled} cached documents labelled, {self.answers} intent answers stored; {self.seconds:.0f} s "
                 f"({self.embedding_seconds:.0f} s embedding, {self.fitting_seconds:.0f} s fitting and calibrating); "
@@ -219,6 +255,7 @@ async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *,
     tag = await cache.each[0].versions.refresh()
     own = {item.intent for item in items}
     every = items + [i for i in await curated_intents(cache, tag, tenant, category) if i.intent not in own]
+    every += out_of_scope_stand_ins(every)
     embedder = cache.each[0].semantic.embedder
     reader = heads_reader(cache)
     texts = [normalize_text(t) for item in every for t in item.phrasings]
@@ -244,7 +281,9 @@ async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *,
     weights, bias = softmax.coef_, softmax.intercept_
     fitted = time.monotonic()
     if calibration.threshold > 1:
-        rule = why_it_serves_nothing(intents=len(every), phrasings=len(texts), bound=semantic_policy.error_bound,
+        in_scope = [i for i in every if not i.out_of_scope]
+        rule = why_it_serves_nothing(intents=len(in_scope), phrasings=sum(len(i.phrasings) for i in in_scope),
+                                     bound=semantic_policy.error_bound,
                                      delta=delta)
     else:
         rule = (f"both questions of one intent at confidence >= {calibration.threshold:.3f}"
@@ -268,7 +307,8 @@ async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *,
         await load_faq_in_buckets(cache, answers, f"intents-{name}", policy)
     labelled = await label_documents(cache, head, tag)
     return IntentsLoaded(meta=meta, labelled=labelled, answers=len(answers), seconds=time.monotonic() - started,
-                         embedding_seconds=embedded - started, fitting_seconds=fitted - embedded)
+                         embedding_seconds=embedded - started, fitting_seconds=fitted - embedded,
+                         stand_ins=sum(len(i.phrasings) for i in every if i.out_of_scope and i not in items))
 
 
 class Refit(msgspec.Struct, frozen=True, kw_only=True):

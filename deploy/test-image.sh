@@ -53,13 +53,13 @@ first="$(ask)"; [ "$first" = miss ] || { say "FAILED: the first request was '$fi
 second="$(ask)"; [ "$second" = exact-hit ] || { say "FAILED: the repeat was '$second', not an exact hit"; exit 1; }
 say "a miss, then X-Cache: exact-hit"
 
-app="$(podman ps --filter "label=io.podman.compose.project=$project" --filter "label=io.podman.compose.service=strata" -q)"
+app="$(podman ps --filter "label=io.podman.compose.project=$project" --filter "label=com.docker.compose.service=strata" -q)"
 token="$(podman exec "$app" cat /var/lib/strata/admin-token)"
 status="$(curl -sS -o /dev/null -w '%{http_code}' -X POST "$base/console/login" --data-urlencode "token=$token")"
 [ "$status" = 303 ] || [ "$status" = 302 ] || { say "FAILED: console sign-in answered $status"; exit 1; }
 say "the console signs in with the token the stack wrote to its volume"
 
-redis="$(podman ps --filter "label=io.podman.compose.project=$project" --filter "label=io.podman.compose.service=redis" -q)"
+redis="$(podman ps --filter "label=io.podman.compose.project=$project" --filter "label=com.docker.compose.service=redis" -q)"
 podman restart "$redis" >/dev/null
 redis_up() { podman exec "$redis" python3 -c "import socket; s = socket.create_connection(('127.0.0.1', 6380), 2); s.sendall(b'PING\r\n'); assert s.recv(16).startswith(b'+PONG')"; }
 wait_for "Redis after its restart" 60 redis_up

@@ -53,7 +53,7 @@ from app.cache.storage.recent import RECENT_HITS
 from app.cache.storage.usage import LAYERS
 from app.curated import AlreadyCurated, CuratedAnswers, CuratedError, NoSuchCurated
 from app.errors import StrataError
-from app.intents import IntentsFileError, refit_intents
+from app.intents import IntentsFileError, out_of_scope_name, refit_intents
 from app.lifespan import Resources, sweep_generations_after, sweep_versions_after
 from app.policy import AdaptiveSemantic
 from app.web.guard import ConsoleGuard, token_prefix
@@ -639,7 +639,7 @@ class ConsoleController(Controller):
                     pass
             counts_of = m.phrasings_of if len(m.phrasings_of) == len(m.intents) else [0] * len(m.intents)
             per_intent = [{"intent": intent, "phrasings": n, "shared": shared, "measured": sum(of_intent.get(intent, (0, 0))),
-                           "wrong": of_intent.get(intent, (0, 0))[1]}
+                           "wrong": of_intent.get(intent, (0, 0))[1], "out_of_scope": out_of_scope_name(intent)}
                           for intent, n, shared in zip(m.intents, counts_of, m.shared, strict=True)]
             rows.append({"meta": m, "status": status, "explored": measured[1], "explored_wrong": measured[0],
                          "per_intent": per_intent,
