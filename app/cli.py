@@ -593,7 +593,9 @@ def cmd_intents(args: argparse.Namespace, settings: Settings) -> int:
             return "\n".join([
                 f"{m.name!r} for tenant {m.tenant!r} in {m.category!r}, loaded "
                 f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(m.loaded_at))}, embedder {m.fingerprint}",
-                f"{len(m.intents)} intents, {m.phrasings} phrasings; cross-validated accuracy {m.accuracy:.1%}",
+                f"{m.in_scope_intents} intents, {m.in_scope_phrasings} phrasings"
+                f"{f' (and {m.phrasings - m.in_scope_phrasings} out of scope)' if m.phrasings > m.in_scope_phrasings else ''}; "
+                f"cross-validated accuracy {m.accuracy:.1%}",
                 f"rule: {m.rule}",
                 f"held out: {m.served_share:.1%} of the phrasings served, {m.held_out_wrong:.2%} of them wrong",
                 "not shared (never served by the head): " + (", ".join(i for i, shared in zip(m.intents, m.shared, strict=True)

@@ -24,7 +24,7 @@ from redisvl.query import FilterQuery
 from redisvl.query.filter import Tag
 
 from app.cache.learning.intents import SoftmaxHead, calibrate, risk_level, why_it_serves_nothing
-from app.cache.storage.intents import HeadMeta, HeadReader, IntentHead, IntentStore
+from app.cache.storage.intents import HeadMeta, HeadReader, IntentHead, IntentStore, out_of_scope_name
 from app.cache.storage.keys import (
     FIELD_CATEGORY,
     FIELD_EMBEDDING,
@@ -83,12 +83,6 @@ class IntentDef(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         return out_of_scope_name(self.intent)
 
 
-# The names teams give the questions they do not answer (case and separators ignored).
-OUT_OF_SCOPE_NAMES = frozenset({"oos", "outofscope", "fallback", "defaultfallbackintent", "nlufallback"})
-
-
-def out_of_scope_name(intent: str) -> bool:
-    return "".join(c for c in intent.casefold() if c.isalnum()) in OUT_OF_SCOPE_NAMES
 
 
 # Strata's own English out-of-scope questions (app/data/out_of_scope_en.txt): the calibration's

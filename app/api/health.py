@@ -78,7 +78,7 @@ class HealthController(Controller):
                         warnings.append(f"intents of tenant {m.tenant} in {m.category}: {', '.join(watch.set_aside)} "
                                         "set aside (their measured hits were wrong); the others serve; load them "
                                         "again to re-calibrate")
-            found.append({"tenant": m.tenant, "category": m.category, "name": m.name, "intents": len(m.intents),
+            found.append({"tenant": m.tenant, "category": m.category, "name": m.name, "intents": m.in_scope_intents,
                           "phrasings": m.phrasings, "threshold": m.threshold, "accuracy": m.accuracy,
                           "served_share": m.served_share, "status": status, "rule": m.rule, **measured})
         for (tenant, category), why in sorted(heads.refused().items()):

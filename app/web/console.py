@@ -40,7 +40,7 @@ from app.cache.decision.verify import INTENT_MATCH, READER_ACCEPTED
 from app.cache.learning.feedback import FeedbackError, FeedbackRequest
 from app.cache.learning.review import REVIEW_MAX_ITEMS, ReviewItem
 from app.cache.storage.contract import CACHE_ERRORS
-from app.cache.storage.intents import IntentRefits, RefitState
+from app.cache.storage.intents import IntentRefits, RefitState, out_of_scope_name
 from app.cache.storage.invalidation import Invalidated, Invalidation, InvalidationError, NothingThere
 from app.cache.storage.keys import (
     FIELD_QUESTION,
@@ -53,7 +53,7 @@ from app.cache.storage.recent import RECENT_HITS
 from app.cache.storage.usage import LAYERS
 from app.curated import AlreadyCurated, CuratedAnswers, CuratedError, NoSuchCurated
 from app.errors import StrataError
-from app.intents import IntentsFileError, out_of_scope_name, refit_intents
+from app.intents import IntentsFileError, refit_intents
 from app.lifespan import Resources, sweep_generations_after, sweep_versions_after
 from app.policy import AdaptiveSemantic
 from app.web.guard import ConsoleGuard, token_prefix

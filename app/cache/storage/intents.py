@@ -47,6 +47,15 @@ def softmax_predict(weights: np.ndarray, bias: np.ndarray, vectors: np.ndarray) 
     return probabilities.argmax(axis=1), probabilities.max(axis=1)
 
 
+# The names teams give the questions they do not answer (case and separators ignored): Rasa's
+# out_of_scope, Dialogflow's fallback. Such an intent is never served (app/intents.py).
+OUT_OF_SCOPE_NAMES = frozenset({"oos", "outofscope", "fallback", "defaultfallbackintent", "nlufallback"})
+
+
+def out_of_scope_name(intent: str) -> bool:
+    return "".join(c for c in intent.casefold() if c.isalnum()) in OUT_OF_SCOPE_NAMES
+
+
 class HeadMeta(msgspec.Struct, frozen=True, kw_only=True):
     """What a head knows of itself, readable with ``redis-cli HGET ... meta``.
 
@@ -97,6 +106,18 @@ class HeadMeta(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def serving(self) -> bool:
         return self.threshold <= 1
+
+    @property
+    def in_scope_intents(self) -> int:
+        """The team's intents, its out-of-scope questions (or Strata's stand-ins) apart."""
+        return sum(not out_of_scope_name(name) for name in self.intents)
+
+    @property
+    def in_scope_phrasings(self) -> int:
+        """Their phrasings (all of the head's, for a head loaded before the counts were kept)."""
+        if len(self.phrasings_of) != len(self.intents):
+            return self.phrasings
+        return sum(n for name, n in zip(self.intents, self.phrasings_of, strict=True) if not out_of_scope_name(name))
 
 
 class IntentGuess(msgspec.Struct, frozen=True, kw_only=True):
