@@ -13,6 +13,7 @@ from app.cache.storage.contract import CACHE_ERRORS
 from app.cache.storage.invalidation import Invalidated, Invalidation, InvalidationError, NothingThere
 from app.curated import AlreadyCurated, CuratedAnswers, CuratedEntry, CuratedError, CuratedSaved, NoSuchCurated
 from app.errors import CacheUnavailable, Conflict, Forbidden, InvalidRequest, NotFound, Unauthorized
+from app.faq import FaqItem
 from app.lifespan import Resources, sweep_generations_after, sweep_versions_after
 
 
@@ -34,16 +35,6 @@ _invalidation_decoder = msgspec.json.Decoder(Invalidation)
 
 
 _Body = TypeVar("_Body")
-
-
-class CuratedAdd(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """``POST /admin/curated``: a curated answer and its variants."""
-
-    category: str
-    question: str
-    answer: str
-    tenant: str = "default"
-    variants: list[str] = msgspec.field(default_factory=list)
 
 
 class CuratedEdit(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -142,7 +133,9 @@ class AdminController(Controller):
         """Add a curated answer: the model's answers to its question and variants are removed in
         both layers, whatever the requests that stored them carried. Audited."""
         require_admin(request, resources)
-        added = _decoded(await read_body(request, resources.settings.limits.body_timeout_s), CuratedAdd)
+        # The body is one entry of a curated-answer file (app/faq.py): category, question, answer,
+        # tenant, variants.
+        added = _decoded(await read_body(request, resources.settings.limits.body_timeout_s), FaqItem)
         service = CuratedAnswers(resources.cache, resources.policy)
         try:
             saved = await service.add(tenant=added.tenant, category=added.category, question=added.question,

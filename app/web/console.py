@@ -816,16 +816,6 @@ def chart(figures: LayerFigures, now_minute: int) -> dict[str, Any]:
             "minutes": shown}
 
 
-def _answer_text(stored: bytes | str | None) -> str:
-    if stored is None:
-        return ""
-    try:
-        decoded = msgspec.json.decode(stored if isinstance(stored, bytes) else stored.encode())
-        return str(decoded["choices"][0]["message"]["content"])
-    except (msgspec.DecodeError, KeyError, IndexError, TypeError):
-        return ""
-
-
 def console_exception_handlers() -> dict[int | type[Exception], Callable[[Request[Any, Any, Any], Any], Response[Any]]]:
     """Not signed in: to the sign-in form. A change without its CSRF token: 403, nothing done."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -22,3 +23,11 @@ def client(strata: str, redis_sync: object, fake_upstream: FakeUpstream) -> Iter
     fake_upstream.reset()
     with httpx.Client(base_url=strata, timeout=10) as http:
         yield http
+
+
+@pytest.fixture(scope="module")
+def learning_strata(redis_url: str, fake_upstream: FakeUpstream, use_encoder: Any) -> Iterator[str]:
+    """Strata with the semantic layer (learning settles at once), serving on a free port."""
+    settings = strata_settings(redis_url, fake_upstream.url, semantic_enabled=True, learning_refresh_s=0.0)
+    with serve_strata(settings, use_encoder) as server:
+        yield server.url

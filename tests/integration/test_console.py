@@ -87,6 +87,18 @@ def shot(page: Any, name: str) -> None:
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
 
+def add_curated(page: Any, base: str, question: str, variants: str, answer: str) -> str:
+    """Add a curated answer with the console's form (category ``console``); the message it shows."""
+    page.goto(base + "/console/curated")
+    form = page.locator("#add-curated")
+    form.locator("select[name=category]").select_option("console")
+    form.locator("input[name=question]").fill(question)
+    form.locator("textarea[name=variants]").fill(variants)
+    form.locator("textarea[name=answer]").fill(answer)
+    form.locator("button").click()
+    return str(page.locator("#message").inner_text())
+
+
 def queued(base: str, upstream: FakeUpstream, key: str, cached: str, asked: str) -> None:
     """Cache ``cached``, then ask ``asked``: the decision refuses it (nothing measured yet) and,
     the fake model answering it otherwise, it goes to the review queue."""
@@ -419,14 +431,8 @@ def test_a_curated_answer_wins_over_the_models_cached_answers_in_both_layers(
     assert model.headers["x-cache"] == "exact-hit" and model.headers["x-cache-source"] == "model"
     sem_doc(redis_sync, "怎么开发票")  # and its semantic copy
     page = signed_in(browser, strata, ADMIN_TOKEN)
-    page.goto(strata + "/console/curated")
+    message = add_curated(page, strata, "怎么开发票", "发票怎么开\n开发票的流程", "在订单页点“申请发票”。")
     form = page.locator("#add-curated")
-    form.locator("select[name=category]").select_option("console")
-    form.locator("input[name=question]").fill("怎么开发票")
-    form.locator("textarea[name=variants]").fill("发票怎么开\n开发票的流程")
-    form.locator("textarea[name=answer]").fill("在订单页点“申请发票”。")
-    form.locator("button").click()
-    message = page.locator("#message").inner_text()
     removed = re.search(r"(\d+) cached model answers? to the same words removed", message)
     assert "Saved" in message and "怎么开发票" in message and removed and int(removed[1]) >= 1, message
     for question in ("怎么开发票", "发票怎么开", "开发票的流程"):
@@ -592,14 +598,8 @@ def test_a_small_teams_intents_say_why_they_serve_nothing_and_what_would_change_
 def test_the_add_form_keeps_what_was_typed_when_it_refuses_and_counts_agree(
         strata: str, browser: Any, keys: dict[str, str]) -> None:
     page = signed_in(browser, strata, ADMIN_TOKEN)
-    page.goto(strata + "/console/curated")
+    message = add_curated(page, strata, "Do you gift wrap?", "gift wrapping", "Yes, for 2 euros.")
     form = page.locator("#add-curated")
-    form.locator("select[name=category]").select_option("console")
-    form.locator("input[name=question]").fill("Do you gift wrap?")
-    form.locator("textarea[name=variants]").fill("gift wrapping")
-    form.locator("textarea[name=answer]").fill("Yes, for 2 euros.")
-    form.locator("button").click()
-    message = page.locator("#message").inner_text()
     assert "and 1 variant:" in message and "0 cached model answers" in message, message
     # Refused (the same question again): the page says why, and what was typed is still there.
     form.locator("select[name=category]").select_option("console")

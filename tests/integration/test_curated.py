@@ -13,7 +13,7 @@ import httpx
 import pytest
 import redis
 
-from tests.support import ADMIN_TOKEN, MODEL, FakeUpstream, ask, serve_strata, strata_settings
+from tests.support import ADMIN_TOKEN, MODEL, FakeUpstream, ask
 
 CATEGORY = {"X-Cache-Category": "console"}
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -21,20 +21,14 @@ QUESTION = "How do I change my delivery address?"
 CURATED = "Open Orders, pick the order, then Change address."
 
 
-@pytest.fixture(scope="module")
-def semantic_strata(redis_url: str, fake_upstream: FakeUpstream, use_encoder: Any) -> Iterator[str]:
-    settings = strata_settings(redis_url, fake_upstream.url, semantic_enabled=True, learning_refresh_s=0.0)
-    with serve_strata(settings, use_encoder) as server:
-        yield server.url
-
-
 @pytest.fixture
-def strata(semantic_strata: str, fake_upstream: FakeUpstream) -> Iterator[str]:
+def strata(learning_strata: str, fake_upstream: FakeUpstream) -> Iterator[str]:
+    """A semantic Strata (test_learning's); every curated answer a test added is removed after it."""
     fake_upstream.reset()
-    yield semantic_strata
-    listed = httpx.get(semantic_strata + "/admin/curated", headers=ADMIN, timeout=10).json()["data"]
+    yield learning_strata
+    listed = httpx.get(learning_strata + "/admin/curated", headers=ADMIN, timeout=10).json()["data"]
     for entry in listed:
-        httpx.delete(semantic_strata + "/admin/curated", params={"key": entry["key"]}, headers=ADMIN, timeout=10)
+        httpx.delete(learning_strata + "/admin/curated", params={"key": entry["key"]}, headers=ADMIN, timeout=10)
 
 
 # Every shape of request that stores its own exact copy of one question.

@@ -5,7 +5,6 @@ observations, the per-entry veto, aliases (scope, cap, expiry, version bump), tw
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -23,13 +22,6 @@ LEARN = {"X-Cache-Category": "learn"}
 REFUND = "To get a refund, open the order page and press Refund; see guide 12."
 LIMIT = "Credit limits are raised in the app under Cards, Limits, after a review."
 PROGRESS = "Refund progress is on the order page under Status, updated within 3 days; see guide 40."
-
-
-@pytest.fixture(scope="module")
-def learning_strata(redis_url: str, fake_upstream: FakeUpstream, use_encoder: Any) -> Iterator[str]:
-    settings = strata_settings(redis_url, fake_upstream.url, semantic_enabled=True, learning_refresh_s=0.0)
-    with serve_strata(settings, use_encoder) as server:
-        yield server.url
 
 
 @pytest.fixture
