@@ -11,6 +11,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import msgspec
 import numpy as np
 from redis.asyncio import Redis
 from redisvl.index import AsyncSearchIndex
@@ -27,7 +28,15 @@ from app.cache.storage.contract import CacheHit, CacheQuery, Candidate, Embeddin
 from app.cache.storage.entry import CacheEntry, EntryWriter
 from app.cache.storage.index import CANDIDATES, SemanticIndex, calls_tools
 from app.cache.storage.intents import IntentGuess, IntentHead, IntentHeads
-from app.cache.storage.keys import FIELD_INTENT, FIELD_QUESTION, FIELD_WRONG_ABOVE, KEYS, Keyspace, as_text
+from app.cache.storage.keys import (
+    FIELD_INTENT,
+    FIELD_QUESTION,
+    FIELD_WRONG_ABOVE,
+    KEYS,
+    SOURCE_MODEL,
+    Keyspace,
+    as_text,
+)
 from app.cache.storage.usage import HitCounts
 from app.embed import Embedder
 from app.policy import SemanticPolicy
@@ -39,6 +48,9 @@ SEMANTIC = "semantic"
 QUESTION_TOO_LONG = "question_too_long"
 # The band the adaptive decision rules on: the rows the intents' calibration replays too.
 ADAPTIVE_CANDIDATES = BAND_ROWS
+# Questions a worker remembers having served semantically once (their exact digests, in memory;
+# a hit writes nothing to Redis): a repeat of one is answered by the model and checks the pair.
+SERVED_REMEMBERED = 65_536
 
 
 class SemanticCache:
@@ -68,6 +80,8 @@ class SemanticCache:
         # another had asked the same question, telling it what the other asks.
         self._memo: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
         self._memo_size = memo_size
+        # Questions served a model's answer semantically once (their exact digest): see _asked_again.
+        self._served_once: OrderedDict[str, None] = OrderedDict()
         self._max_question_chars = max_question_chars
         self.intents = intents
 
@@ -148,6 +162,9 @@ class SemanticCache:
                 if step is not None:
                     self._trace_decision(step, question, decided, rows)
             if isinstance(decided, Serve):
+                repeat = self._asked_again(query, decided)
+                if repeat is not None:
+                    return repeat
                 return self._hit(decided.row, decided.reason, decided.score_bin, decided.check)
             return decided
         with tracing.span(tracing.KNN) as step:
@@ -172,6 +189,25 @@ class SemanticCache:
                     return self._hit(row, verdict.reason, score_bin(row.similarity))
             tracing.note(step, {tracing.VERDICT: "refused"})
         return None
+
+    def _asked_again(self, query: CacheQuery, decided: Serve) -> Candidate | None:
+        """The same question served a model's answer semantically once already (on this worker):
+        now the model answers it instead, and its answer checks the pair (issue #58 item 4). A
+        semantic hit writes no exact entry, so a wrong one would be served to every repeat of
+        the question; this way one check covers them all: the model's answer is stored, and the
+        repeats after it are exact hits of the question's own answer, while a disagreement vetoes
+        the document at that similarity, marks the entry refuted for its intent and goes to the
+        review queue. Curated answers are served again: they are the team's word."""
+        if decided.candidate is None or source_of(decided.row) != SOURCE_MODEL:
+            return None
+        key = f"{query.version}|{query.generation}|{query.entry_digest}"
+        if key not in self._served_once:
+            self._served_once[key] = None
+            if len(self._served_once) > SERVED_REMEMBERED:
+                self._served_once.popitem(last=False)
+            return None
+        del self._served_once[key]
+        return msgspec.structs.replace(decided.candidate, first_check=True)
 
     @staticmethod
     def _trace_decision(step: tracing.Span, question: str, decided: Serve | Candidate | None,

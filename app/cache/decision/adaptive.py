@@ -70,12 +70,15 @@ class Serve(msgspec.Struct, frozen=True, kw_only=True):
         score_bin: Its decision score's bin (what an observation of it counts under).
         check: To be checked against the model's answer after the response (the intent rule's
             first hit of an entry, ``intent_first_check``); ``None``: nothing to check.
+        candidate: The same pair as a candidate, should the layer send it to the model instead
+            (a question served this answer before: :meth:`SemanticCache.lookup`).
     """
 
     row: Nearest
     reason: str
     score_bin: int
     check: Candidate | None = None
+    candidate: Candidate | None = None
 
 
 class AdaptiveDecision:
@@ -215,7 +218,8 @@ class AdaptiveDecision:
             return msgspec.structs.replace(candidate, explored=True)
         if verdict.accepted:
             return Serve(row=row, reason=verdict.reason, score_bin=facts.score_bin,
-                         check=msgspec.structs.replace(candidate, first_check=True) if ruling.check_after else None)
+                         check=msgspec.structs.replace(candidate, first_check=True) if ruling.check_after else None,
+                         candidate=candidate)
         return candidate
 
     async def precision(self, tag: str, category: str, policy: AdaptiveSemantic, tenant: str | None = None) -> Precision:

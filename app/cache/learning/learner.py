@@ -266,7 +266,8 @@ class AnswerLearner:
             verdicts = await self.equivalents(fresh, [candidate.answer] + [n.answer for n in neighbours], policy)
             same, neighbours = verdicts[0], tuple(n for n, ok in zip(neighbours, verdicts[1:], strict=True) if ok)
         rules = await self._rules_measured(query, candidate, same)
-        kind = Observation.VOUCHED_MISS if candidate.vouched else Observation.ANSWERED_MISS
+        # A check of a served hit is chosen, not drawn: it judges the document and its entry, never the pool.
+        kind = Observation.VOUCHED_MISS if candidate.vouched or candidate.first_check else Observation.ANSWERED_MISS
         await self.observations.record(kind, query.version, query.category.name, query.canonical.tenant,
                                        document=candidate.key, root=candidate.root, similarity=candidate.similarity,
                                        score_bin=candidate.score_bin, same=same, explored=candidate.explored,
