@@ -39,7 +39,7 @@ from app.cache.storage.keys import (
 )
 from app.cache.storage.usage import HitCounts
 from app.embed import Embedder
-from app.policy import SemanticPolicy
+from app.policy import AdaptiveSemantic, SemanticPolicy
 
 logger = logging.getLogger("strata.semantic")
 
@@ -198,7 +198,9 @@ class SemanticCache:
         repeats after it are exact hits of the question's own answer, while a disagreement vetoes
         the document at that similarity, marks the entry refuted for its intent and goes to the
         review queue. Curated answers are served again: they are the team's word."""
-        if decided.candidate is None or source_of(decided.row) != SOURCE_MODEL:
+        policy = query.category.semantic
+        if not (isinstance(policy, AdaptiveSemantic) and policy.check_repeats) or decided.candidate is None \
+                or source_of(decided.row) != SOURCE_MODEL:
             return None
         key = f"{query.version}|{query.generation}|{query.entry_digest}"
         if key not in self._served_once:

@@ -12,6 +12,7 @@ import msgspec
 import pytest
 import redis
 
+from tests.integration.test_learning import sem_doc
 from tests.support import FakeUpstream, ask, eventually, keyspace, scan, seed_pool, serve_strata, strata_settings
 
 LEARN = {"X-Cache-Category": "learn"}
@@ -225,3 +226,29 @@ def test_the_secret_kept_in_redis_is_shared_and_restored(redis_url: str, redis_s
     if redis_url.startswith("redis+cluster://"):
         pytest.skip("one node's client is enough for a single key; the cluster suite covers routing")
     asyncio.run(go())
+
+
+REPEATS = {"X-Cache-Category": "learn_repeats"}
+
+
+def test_a_question_asked_again_after_a_semantic_hit_is_answered_by_the_model_which_checks_the_pair(
+        strata: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream) -> None:
+    """Issue #58 item 4: a wrong semantic hit is not served to every repeat of its question. The
+    second asking goes to the model, whose differing answer vetoes the pair and queues it for
+    review; the repeats after it are exact hits of the question's own answer."""
+    served = semantic_hit(strata, redis_sync, fake_upstream, REPEATS, "怎么查看物流", "怎么查看物流呢")
+    assert served.json()["choices"][0]["message"]["content"] == REFUND
+    fake_upstream.answers["怎么查看物流呢"] = "在订单页看物流。"  # the model answers the twin otherwise
+    calls = len(fake_upstream.calls)
+    again = ask(strata, "怎么查看物流呢", headers=REPEATS)
+    assert again.headers["x-cache"] == "miss" and len(fake_upstream.calls) == calls + 1
+    assert again.json()["choices"][0]["message"]["content"] == "在订单页看物流。"
+    for _ in range(3):
+        repeat = ask(strata, "怎么查看物流呢", headers=REPEATS)
+        assert repeat.headers["x-cache"] == "exact-hit", repeat.headers
+        assert repeat.json()["choices"][0]["message"]["content"] == "在订单页看物流。"
+    # The check disagreed: the cached answer is vetoed at that similarity, and people see it.
+    document, _ = sem_doc(redis_sync, "怎么查看物流")
+    assert eventually(lambda: int(redis_sync.hget(document, "wrong_above") or -1) > 0)
+    queued = [k for k in scan(redis_sync, "strata:v1:review-item:*") if redis_sync.hget(k, "asked") == "怎么查看物流呢".encode()]
+    assert queued and redis_sync.hget(queued[0], "reason") == b"check_disagreed"
