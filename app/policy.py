@@ -94,9 +94,9 @@ class AdaptiveSemantic(_Semantic, frozen=True, kw_only=True, forbid_unknown_fiel
     # once per entry): an answer wrong for its intent is refuted at its first asker, where it would
     # otherwise reach every later asker of that intent until exploration met it (docs/QUALITY.md).
     intent_first_check: bool = False
-    # A question served a model's answer semantically once, asked again on the same worker, is
-    # answered by the model, whose answer checks the pair: a wrong hit is not served to every
-    # repeat of its question, and the repeats after it are exact hits (app/cache/semantic.py).
+    # The second serve of one pair (a question, a document of the model's answer) on a worker is
+    # checked by the model after the response: a wrong hit is not served to every repeat of its
+    # question (app/cache/semantic.py).
     check_repeats: bool = False
 
     @property

@@ -48,8 +48,8 @@ SEMANTIC = "semantic"
 QUESTION_TOO_LONG = "question_too_long"
 # The band the adaptive decision rules on: the rows the intents' calibration replays too.
 ADAPTIVE_CANDIDATES = BAND_ROWS
-# Questions a worker remembers having served semantically once (their exact digests, in memory;
-# a hit writes nothing to Redis): a repeat of one is answered by the model and checks the pair.
+# Pairs (question, document) a worker remembers having served semantically (in memory: a hit
+# writes nothing to Redis); the second serve of one is checked by the model after the response.
 SERVED_REMEMBERED = 65_536
 
 
@@ -80,8 +80,9 @@ class SemanticCache:
         # another had asked the same question, telling it what the other asks.
         self._memo: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
         self._memo_size = memo_size
-        # Questions served a model's answer semantically once (their exact digest): see _asked_again.
-        self._served_once: OrderedDict[str, None] = OrderedDict()
+        # Questions served a model's answer semantically (their exact digest and the document),
+        # and whether that pair's check was asked: see _asked_again.
+        self._served_once: OrderedDict[str, bool] = OrderedDict()
         self._max_question_chars = max_question_chars
         self.intents = intents
 
@@ -162,10 +163,8 @@ class SemanticCache:
                 if step is not None:
                     self._trace_decision(step, question, decided, rows)
             if isinstance(decided, Serve):
-                repeat = self._asked_again(query, decided)
-                if repeat is not None:
-                    return repeat
-                return self._hit(decided.row, decided.reason, decided.score_bin, decided.check)
+                check = decided.check or self._asked_again(query, decided)
+                return self._hit(decided.row, decided.reason, decided.score_bin, check)
             return decided
         with tracing.span(tracing.KNN) as step:
             rows = await self.store_index.candidates(query, vector)
@@ -191,24 +190,26 @@ class SemanticCache:
         return None
 
     def _asked_again(self, query: CacheQuery, decided: Serve) -> Candidate | None:
-        """The same question served a model's answer semantically once already (on this worker):
-        now the model answers it instead, and its answer checks the pair (issue #58 item 4). A
-        semantic hit writes no exact entry, so a wrong one would be served to every repeat of
-        the question; this way one check covers them all: the model's answer is stored, and the
-        repeats after it are exact hits of the question's own answer, while a disagreement vetoes
-        the document at that similarity, marks the entry refuted for its intent and goes to the
-        review queue. Curated answers are served again: they are the team's word."""
+        """The check of a question served a model's answer semantically once already (on this
+        worker), at its second serve (issue #58 item 4): served again, and the model is asked the
+        same question after the response (as the intent rule's first check is). A semantic hit
+        writes no exact entry, so a wrong one would be served to every repeat of its question;
+        one check covers them all: a disagreement vetoes the document at that similarity (the
+        next repeat is answered by the model, then is an exact hit of its own answer), marks the
+        entry refuted for its intent and goes to the review queue. Curated answers are not
+        checked: they are the team's word. ``None``: no check to ask."""
         policy = query.category.semantic
         if not (isinstance(policy, AdaptiveSemantic) and policy.check_repeats) or decided.candidate is None \
-                or source_of(decided.row) != SOURCE_MODEL:
+                or decided.check is not None or source_of(decided.row) != SOURCE_MODEL:
             return None
-        key = f"{query.version}|{query.generation}|{query.entry_digest}"
-        if key not in self._served_once:
-            self._served_once[key] = None
-            if len(self._served_once) > SERVED_REMEMBERED:
-                self._served_once.popitem(last=False)
-            return None
-        del self._served_once[key]
+        key = f"{query.version}|{query.generation}|{query.entry_digest}|{decided.row.key}"
+        seen = self._served_once.get(key)
+        self._served_once[key] = seen is not None  # True once its check was asked
+        self._served_once.move_to_end(key)
+        if len(self._served_once) > SERVED_REMEMBERED:
+            self._served_once.popitem(last=False)
+        if seen is None or seen:
+            return None  # its first serve, or checked already
         return msgspec.structs.replace(decided.candidate, first_check=True)
 
     @staticmethod
