@@ -260,7 +260,7 @@ async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *,
     # the index's); on the index's own vectors the band is its neighbourhood (docs/QUALITY.md).
     beyond_band = reader.source is not None
     embedded = time.monotonic()
-    delta = risk_level(semantic_policy.confidence)
+    delta = risk_level(semantic_policy.confidence, semantic_policy.intent_confidence)
     check = cache.each[0].semantic.check
 
     def refused(asker: int, cached: int) -> bool:

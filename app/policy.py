@@ -98,6 +98,9 @@ class AdaptiveSemantic(_Semantic, frozen=True, kw_only=True, forbid_unknown_fiel
     # checked by the model after the response: a wrong hit is not served to every repeat of its
     # question (app/cache/semantic.py).
     check_repeats: bool = False
+    # The confidence the team's intents are calibrated at (Learn-then-Test's 1 - delta); the
+    # category's own ``confidence`` when that is higher.
+    intent_confidence: Annotated[float, Meta(ge=0.5, lt=1.0)] = 0.95
 
     @property
     def adaptive(self) -> bool:

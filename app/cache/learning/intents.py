@@ -195,9 +195,10 @@ def why_it_serves_nothing(*, intents: int, phrasings: int, bound: float, delta: 
             f"aside cached answers it reads as another intent, and the category's other rules serve as without intents.")
 
 
-def risk_level(confidence: float) -> float:
-    """The calibration's delta for a category: 95% confidence at least, the category's if higher."""
-    return min(DELTA, 1.0 - confidence)
+def risk_level(confidence: float, intent_confidence: float = 1.0 - DELTA) -> float:
+    """The calibration's delta for a category: its intents' confidence (95% unless the policy
+    says), the category's own if higher."""
+    return min(1.0 - intent_confidence, 1.0 - confidence)
 
 
 class Calibration(msgspec.Struct, frozen=True, kw_only=True):
