@@ -98,6 +98,10 @@ class AdaptiveSemantic(_Semantic, frozen=True, kw_only=True, forbid_unknown_fiel
     # checked by the model after the response: a wrong hit is not served to every repeat of its
     # question (app/cache/semantic.py).
     check_repeats: bool = False
+    # An entry of the model's answers stands for its intent only once its answer was checked
+    # against the model on another phrasing: the intent rule's first would-be hit of an unchecked
+    # entry is answered by the model, whose answer checks the entry (issue #58 item 3).
+    intent_trusted_only: bool = False
     # The confidence the team's intents are calibrated at (Learn-then-Test's 1 - delta); the
     # category's own ``confidence`` when that is higher.
     intent_confidence: Annotated[float, Meta(ge=0.5, lt=1.0)] = 0.95

@@ -263,3 +263,32 @@ def test_an_entrys_first_intent_hit_is_checked_against_the_model_after_the_respo
     assert eventually(checks_counted), httpx.get(strata + "/metrics").text
     assert run_cli("intents", "remove", "--category", "learn_intents_checked", env=env).returncode == 0
     fake_upstream.reset()
+
+
+def test_an_unchecked_answer_stands_for_its_intent_only_once_the_model_agreed(
+        strata: str, redis_url: str, fake_upstream: FakeUpstream, tmp_path: Path) -> None:
+    """Issue #58 item 3: with ``intent_trusted_only`` the intent rule's first would-be hit of an
+    entry of the model's answers is answered by the model, and that answer checks the entry; the
+    next phrasing of the intent is served from it."""
+    trusted = {"X-Cache-Category": "learn_intents_trusted"}
+    fake_upstream.reset()
+    refund = "Open Orders, choose the order and press Request refund; the money is back within five days."
+    fake_upstream.answers.update({"i want a refund for my order": refund, "can you refund my order": refund})
+    loaded = run_cli("intents", "load", str(team_file(tmp_path)), "--category", "learn_intents_trusted",
+                     env={"STRATA_REDIS_URL": redis_url})
+    assert loaded.returncode == 0, loaded.stderr
+    assert eventually(lambda: [h for h in intents_on_health(strata) if h["category"] == "learn_intents_trusted"
+                               and h["status"] == "serving"], timeout=15), intents_on_health(strata)
+    assert ask(strata, "i want a refund for my order", headers=trusted).headers["x-cache"] == "miss"
+    # The intent rule would serve it, but the entry was never checked: the model answers.
+    held = ask(strata, "can you refund my order", headers=trusted)
+    assert held.headers["x-cache"] == "miss", dict(held.headers)
+    # Its answer agreed: the entry is checked, and the next phrasing is served by intent.
+    redis_sync = redis.Redis.from_url(redis_url) if not redis_url.startswith("redis+cluster://") else None
+    if redis_sync is not None:
+        prefix = keyspace(redis_sync, "default", "learn_intents_trusted").semantic_prefix("v1")
+        assert eventually(lambda: any(redis_sync.hget(k, "question") == b"i want a refund for my order"
+                                      and redis_sync.hget(k, "intent_checked") == b"1"
+                                      for k in redis_sync.scan_iter(match=prefix + "*")))
+        answer = ask(strata, "can you refund my order please", headers=trusted)
+        assert answer.headers.get("x-cache-verdict") == "intent_match", dict(answer.headers)

@@ -220,7 +220,8 @@ class AdaptiveDecision:
             return Serve(row=row, reason=verdict.reason, score_bin=facts.score_bin,
                          check=msgspec.structs.replace(candidate, first_check=True) if ruling.check_after else None,
                          candidate=candidate)
-        return candidate
+        # Refused so that the model's answer checks the entry (``intent_trusted_only``).
+        return msgspec.structs.replace(candidate, first_check=True) if ruling.check_after else candidate
 
     async def precision(self, tag: str, category: str, policy: AdaptiveSemantic, tenant: str | None = None) -> Precision:
         """The category's live figures over every tenant (or one tenant's pool): the explored

@@ -40,6 +40,7 @@ from app.cache.decision.verify import (
     ENTRY_RECORD,
     INTENT_DIFFERS,
     INTENT_MATCH,
+    INTENT_UNCHECKED,
     OUTSIDE_BOUND,
     READER_ACCEPTED,
     READER_REJECTED,
@@ -342,7 +343,7 @@ class IntentMatch(Rule):
     one asker, where unchecked it would reach every later asker of the intent until explored)."""
 
     name = "intent match"
-    reasons = (INTENT_MATCH, WRONG_BEFORE)
+    reasons = (INTENT_MATCH, INTENT_UNCHECKED, WRONG_BEFORE)
     reads = ("the head's reading of the asked question; the document's `intent`, `intent_confidence`, `intent_refuted` "
              "(and its entry's, and the entry's `intent_checked`); the pool's `intent_*:<bin>` and `intent_*_of:<intent>`")
     counts = ("`intent_ok:<bin>`/`intent_wrong:<bin>` and `intent_ok_of:<intent>`/`intent_wrong_of:<intent>` when "
@@ -368,8 +369,12 @@ class IntentMatch(Rule):
             return None  # its answer was measured wrong for its intent: the rules after this one decide
         if standing.vetoed:
             return refuse(WRONG_BEFORE)
+        unchecked = check_after_serving(facts, standing)
+        if unchecked and facts.policy.intent_trusted_only:
+            # Not trusted yet: the model answers this asker, and its answer checks the entry.
+            return Ruling(verdict=Verdict(False, INTENT_UNCHECKED), check_after=True)
         # Served now; the model is asked the same question off the request path (once per entry).
-        return serve(INTENT_MATCH, VOUCH_INTENT, check_after=check_after_serving(facts, standing))
+        return serve(INTENT_MATCH, VOUCH_INTENT, check_after=unchecked)
 
 
 # At most this many intents are set aside one by one before the tenant's whole record decides

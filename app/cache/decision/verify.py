@@ -73,6 +73,9 @@ CURATED_WORDING = "curated_wording"
 INTENT_MATCH = "intent_match"
 # The team's head reads the two questions as two different intents, both confidently.
 INTENT_DIFFERS = "intent_differs"
+# The intent rule would have served the row, but its entry's answer was never checked against
+# the model (``intent_trusted_only``): the model answers, and its answer checks the entry.
+INTENT_UNCHECKED = "intent_unchecked"
 # A review item, not a verdict: the intent rule served a cached answer, and the model's answer to
 # the same question, asked after the response to check the entry, differed from it.
 CHECK_DISAGREED = "check_disagreed"
