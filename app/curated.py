@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from app.cache.decision.candidates import same_wording
+from app.cache.learning.learner import answer_text
 from app.cache.storage.keys import (
     FIELD_ANSWER,
     FIELD_CATEGORY,
@@ -36,8 +37,6 @@ if TYPE_CHECKING:
 
 # The file name of an answer added on its own (the console, the admin API).
 ADDED_PREFIX = "added-"
-# Entries added before this service named their files so.
-_LEGACY_ADDED_PREFIX = "console-"
 
 
 class CuratedEntry(msgspec.Struct, frozen=True, kw_only=True):
@@ -98,16 +97,6 @@ class NoSuchCurated(CuratedError):
     """No curated answer of that key in the operator's tenant."""
 
 
-def _answer_text(stored: bytes | str | None) -> str:
-    if stored is None:
-        return ""
-    try:
-        decoded = msgspec.json.decode(stored if isinstance(stored, bytes) else stored.encode())
-        return str(decoded["choices"][0]["message"]["content"])
-    except (msgspec.DecodeError, KeyError, IndexError, TypeError):
-        return ""
-
-
 def _wordings(question: str, variants: list[str] | tuple[str, ...]) -> tuple[str, list[str]]:
     """The question and its distinct variants, normalised; a variant that is the question goes."""
     asked = normalize_text(question)
@@ -160,7 +149,8 @@ class CuratedAnswers:
                     found.append(CuratedEntry(
                         key=member, file=name, tenant=str(as_text(owner)), category=str(as_text(category)),
                         question=str(as_text(question)), variants=tuple(sorted(variants.get(member, []))),
-                        answer=_answer_text(answer), intent=as_text(intent)))
+                        answer=(answer_text(answer) if isinstance(answer, bytes) else None) or "",
+                        intent=as_text(intent)))
         return sorted(found, key=lambda e: (e.tenant, e.category, e.question))
 
     async def get(self, key: str, tenant: str | None = None) -> CuratedEntry:
@@ -249,7 +239,3 @@ class CuratedAnswers:
         return next(e for e in await self.entries(tenant)
                     if e.file == name and e.category == category and e.question == question)
 
-
-def is_added(entry: CuratedEntry) -> bool:
-    """Whether an entry was added on its own (not part of a team's file)."""
-    return entry.file.startswith((ADDED_PREFIX, _LEGACY_ADDED_PREFIX))

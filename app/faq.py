@@ -262,7 +262,7 @@ async def remove_model_copies(semantic: SemanticCache, tag: str, items: list[Faq
             pipe.exists(key)
         present = [key for key, there in zip(ordered, await pipe.execute(), strict=True) if there]
     # One answer per digest: its exact entry and its semantic entry are one answer.
-    answers = {key[len(exact_prefix):] for key in present if key in copies or key.startswith(exact_prefix)}
+    answers = {key[len(exact_prefix):] for key in present if key.startswith(exact_prefix)}
     answers |= {root[len(prefix):] for root in roots if root in present}
     removed = int(await redis.unlink(*present)) if present else 0
     return len(answers), removed

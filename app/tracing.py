@@ -52,9 +52,7 @@ CANDIDATES = "strata.knn.candidates"
 QUESTION = "strata.question"  # only with STRATA_OTEL_CAPTURE_TEXT
 CACHED_QUESTION = "strata.cached_question"  # likewise
 
-# Span names of the steps.
-EXACT_LOOKUP = "strata.lookup exact"
-SEMANTIC_LOOKUP = "strata.lookup semantic"
+# Span names of the steps (a layer's lookup is "strata.lookup <layer>").
 EMBED = "strata.embed"
 KNN = "strata.knn"
 DECIDE = "strata.decide"
@@ -184,8 +182,9 @@ def span(name: str, attributes: Mapping[str, Any] | None = None, *,
 
 
 def note(step: Span | None, attributes: Mapping[str, Any], *, text: Mapping[str, str] | None = None) -> None:
-    """Set attributes on a step's span (nothing when off); ``text`` (questions) only where the
-    operator opted in."""
+    """Set attributes on a step's span (nothing when off; callers on the request path check
+    ``step`` first, so that nothing is built for a span that is not there); ``text`` (questions)
+    only where the operator opted in."""
     if step is None:
         return
     step.set_attributes({k: v for k, v in attributes.items() if v is not None})

@@ -114,6 +114,7 @@ class LayeredCache:
         self.generations = generations
         self._layers = list(layers)
         self._by_name = {layer.name: layer for layer in self._layers}
+        self._span_names = {layer.name: f"strata.lookup {layer.name}" for layer in self._layers}
         if EXACT not in self._by_name:
             raise ValueError("the exact layer is required (single flight reads answers from it)")
         self._metrics = metrics
@@ -171,16 +172,19 @@ class LayeredCache:
         query = plan.query
         candidate: Candidate | None = None
         for layer in self._layers:
-            with tracing.span(f"strata.lookup {layer.name}", {tracing.CACHE_LAYER: layer.name,
-                                                               tracing.CATEGORY: query.category.name}) as step:
+            # With tracing off the span is a shared no-op and nothing below builds attributes.
+            with tracing.span(self._span_names[layer.name]) as step:
                 try:
                     async with asyncio.timeout(self._budget(layer, query)):
                         query, hit = await self._lookup_adopting(layer, query)
                 except CACHE_ERRORS as exc:
                     self._metrics.cache_failed(layer.name, "lookup", exc)
-                    tracing.note(step, {"error.type": type(exc).__name__})
+                    if step is not None:
+                        tracing.note(step, {tracing.CACHE_LAYER: layer.name, "error.type": type(exc).__name__})
                     return CachePlan(CacheMode.UNAVAILABLE), None
-                tracing.note(step, {tracing.CACHE_HIT: isinstance(hit, CacheHit)})
+                if step is not None:
+                    tracing.note(step, {tracing.CACHE_LAYER: layer.name, tracing.CATEGORY: query.category.name,
+                                        tracing.CACHE_HIT: isinstance(hit, CacheHit)})
             if isinstance(hit, Candidate):
                 candidate, hit = hit, None
             if hit is not None:
@@ -260,7 +264,9 @@ class LayeredCache:
         # The answer took seconds to generate: if the cache was invalidated meanwhile, it was
         # generated for a world that no longer holds. Each layer's write checks the version and
         # the generation in the same script (app/cache/storage/entry.py) and writes nothing if either moved.
-        with tracing.span(tracing.WRITE_BACK, {tracing.CATEGORY: query.category.name}):
+        with tracing.span(tracing.WRITE_BACK) as step:
+            if step is not None:
+                tracing.note(step, {tracing.CATEGORY: query.category.name})
             await self._write_back(plan, query, raw, completion, complete, truncated)
 
     async def _write_back(self, plan: CachePlan, query: CacheQuery, raw: bytes, completion: dict[str, Any],

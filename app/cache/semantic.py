@@ -151,7 +151,8 @@ class SemanticCache:
             head = self.intents.get(query.canonical.tenant, query.category.name) if self.intents is not None else None
             with tracing.span(tracing.KNN) as step:
                 rows = await self.store_index.candidates(query, vector, ADAPTIVE_CANDIDATES)
-                tracing.note(step, {tracing.CANDIDATES: len(rows)})
+                if step is not None:
+                    tracing.note(step, {tracing.CANDIDATES: len(rows)})
             guess = await self.read_intent(head, question, vector, query.canonical.tenant)
             beyond: list[Nearest] = []
             if guess is not None and guess.confident and guess.shared and guess.beyond_band and not any(
@@ -168,9 +169,11 @@ class SemanticCache:
             return decided
         with tracing.span(tracing.KNN) as step:
             rows = await self.store_index.candidates(query, vector)
-            tracing.note(step, {tracing.CANDIDATES: len(rows)})
+            if step is not None:
+                tracing.note(step, {tracing.CANDIDATES: len(rows)})
         with tracing.span(tracing.DECIDE) as step:
-            tracing.note(step, {}, text={tracing.QUESTION: question})
+            if step is not None:
+                tracing.note(step, {}, text={tracing.QUESTION: question})
             for row in rows:
                 if row.similarity < policy.threshold:
                     break  # most similar first: the rest are below too
@@ -181,12 +184,14 @@ class SemanticCache:
                     continue
                 verdict = await self._check.decide(question, row.fields[FIELD_QUESTION], row.similarity, policy,
                                                    query.canonical.model)
-                tracing.note(step, {tracing.RULE: verdict.reason, tracing.SIMILARITY: round(row.similarity, 4),
-                                    tracing.VERDICT: "served" if verdict.accepted else "refused"},
-                             text={tracing.QUESTION: question, tracing.CACHED_QUESTION: str(row.fields[FIELD_QUESTION])})
+                if step is not None:
+                    tracing.note(step, {tracing.RULE: verdict.reason, tracing.SIMILARITY: round(row.similarity, 4),
+                                        tracing.VERDICT: "served" if verdict.accepted else "refused"},
+                                 text={tracing.CACHED_QUESTION: str(row.fields[FIELD_QUESTION])})
                 if verdict.accepted:
                     return self._hit(row, verdict.reason, score_bin(row.similarity))
-            tracing.note(step, {tracing.VERDICT: "refused"})
+            if step is not None:
+                tracing.note(step, {tracing.VERDICT: "refused"})
         return None
 
     def _asked_again(self, query: CacheQuery, decided: Serve) -> Candidate | None:

@@ -199,8 +199,6 @@ redis.call('SADD', KEYS[4], KEYS[2])
 if redis.call('TTL', KEYS[4]) < tonumber(ARGV[6]) then redis.call('EXPIRE', KEYS[4], ARGV[6]) end
 return {{1, false}}
 """
-# What the exact write answers when a curated answer owns the wording.
-_CURATED_OWNS = 3
 
 
 class EntryWriter:
@@ -216,12 +214,10 @@ class EntryWriter:
         self._exact_script = redis.register_script(_WRITE_EXACT_IF_CURRENT)
         self._keys = keys
 
-    async def write(self, key: str, entry: CacheEntry, query: CacheQuery, *, wording_key: str | None = None) -> bool:
+    async def write(self, key: str, entry: CacheEntry, query: CacheQuery, *, wording_key: str | None = None) -> None:
         """Store ``entry`` under ``key`` with its TTL; with ``wording_key`` (the exact layer's
-        entries of a text question), as one of that wording's copies.
-
-        Returns:
-            ``False`` when a curated answer owns the wording (nothing written).
+        entries of a text question), as one of that wording's copies, and nothing at all while a
+        curated answer owns the wording.
 
         Raises:
             StaleVersion: The version tag moved since ``query`` was planned (nothing written).
@@ -237,4 +233,3 @@ class EntryWriter:
         else:
             found, value = await self._exact_script(keys=[*keys, wording_key], args=args)
         raise_if_moved(found, value)
-        return int(found) != _CURATED_OWNS
