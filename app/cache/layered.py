@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import msgspec
 
 from app import tracing
-from app.cache.learning.learner import AnswerLearner
+from app.cache.learning.learner import AnswerLearner, Observed
 from app.cache.semantic import SEMANTIC
 from app.cache.storage.contract import CACHE_ERRORS, CacheHit, CacheLayer, CacheQuery, Candidate, CorruptEntry
 from app.cache.storage.exact import EXACT
@@ -122,7 +122,7 @@ class LayeredCache:
         self._judge_timeout_s = judge_timeout_s
         self._learner = learner
         self._max_learning = max_learning
-        self._learning: set[asyncio.Task[None]] = set()
+        self._learning: set[asyncio.Task[Observed | None]] = set()
 
     def layer(self, name: str) -> CacheLayer | None:
         return self._by_name.get(name)
@@ -271,15 +271,27 @@ class LayeredCache:
 
     async def _write_back(self, plan: CachePlan, query: CacheQuery, raw: bytes, completion: dict[str, Any],
                           complete: bool, truncated: bool) -> None:
+        checked = plan.candidate is not None and plan.candidate.first_check and complete
         writes = []
         for layer in self._layers:
             if truncated and layer.name != EXACT:
                 self._metrics.stores.labels(layer.name, "skipped_truncated").inc()  # never served semantically
                 continue
+            if checked and layer.name == EXACT:
+                continue  # written below only if the check disagrees
             writes.append(self._store_in(layer, query, raw))
         current = await asyncio.gather(*writes)  # the layers' keys are independent: one round trip's wait
-        if plan.candidate is not None and complete and all(current):
+        if plan.candidate is None or not complete or not all(current):
+            return
+        if not checked:
             self._learn(query, plan.candidate, raw)
+            return
+        # The check of a served hit (already off the request path): an agreeing answer leaves the
+        # served one standing (the asked wording becomes an alias of its entry, so its repeats get
+        # the answer it was served); a differing one is the wording's own answer, exact included.
+        observed = await self._observe(query, plan.candidate, raw)
+        if (observed is None or not observed.same) and EXACT in self._by_name:
+            await self._store_in(self._by_name[EXACT], query, raw)
 
     async def _store_in(self, layer: CacheLayer, query: CacheQuery, raw: bytes) -> bool:
         """One layer's write; ``False`` when the cache was invalidated meanwhile (nothing written)."""
@@ -312,16 +324,18 @@ class LayeredCache:
         self._learning.add(task)
         task.add_done_callback(self._learning.discard)
 
-    async def _observe(self, query: CacheQuery, candidate: Candidate, answer: bytes) -> None:
-        assert self._learner is not None
+    async def _observe(self, query: CacheQuery, candidate: Candidate, answer: bytes) -> Observed | None:
+        """What the fresh answer taught (``None``: nothing, counted)."""
+        if self._learner is None:
+            return None
         try:
             observed = await self._learner.observe(query, candidate, answer)
         except CACHE_ERRORS as exc:
             self._metrics.cache_failed("learning", "observe", exc)
-            return
+            return None
         if observed is None:
             self._metrics.observations.labels(query.category.name, "judge_failed", str(candidate.explored).lower()).inc()
-            return
+            return None
         result = "curated" if not observed.recorded else "equivalent" if observed.same else "different"
         if candidate.first_check:
             self._metrics.intent_checks.labels(query.category.name, "agreed" if observed.same else "refuted").inc()
@@ -329,6 +343,7 @@ class LayeredCache:
             self._metrics.observations.labels(query.category.name, result, str(candidate.explored).lower()).inc()
         if observed.merged:
             self._metrics.entry_merges.labels(query.category.name).inc(observed.merged)
+        return observed
 
     async def settle(self) -> None:
         """Wait for the observations in flight (shutdown, replays that must be deterministic)."""

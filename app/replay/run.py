@@ -131,6 +131,8 @@ class Report:
                             "layer": o.layer, "similarity": o.similarity, "kind": o.wrong_kind,
                             "verdict": o.verdict}
                            for i, o in enumerate(self.outcomes) if o.wrong],
+            # Every semantic hit's similarity, wrong (0/1) and rule: where a rule's wrong hits lie.
+            "semantic_hits": [[o.similarity, int(o.wrong), o.verdict] for o in self.outcomes if o.layer == "semantic-hit"],
             # Every request's layer and rule, in order: two runs compared hit for hit (issue #45).
             "trace": [f"{o.layer}:{o.verdict or ''}:{o.served_label or ''}" for o in self.outcomes],
         }), indent=1)

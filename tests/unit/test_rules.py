@@ -3,8 +3,14 @@ the order docs/SEMANTIC.md shows, each with the reasons it may give."""
 
 from __future__ import annotations
 
+import asyncio
+
+import numpy as np
+
 from app.cache.decision.rules import (
     RULE_ORDER,
+    Facts,
+    PoolOnce,
     CuratedWording,
     DocumentVeto,
     EntryRecord,
@@ -17,8 +23,11 @@ from app.cache.decision.rules import (
     rule_table,
     rules_for,
 )
-from app.cache.decision.verify import CandidateCheck, ThresholdVerifier
+from app.cache.decision.verify import INTENT_DIFFERS, CandidateCheck, ThresholdVerifier
 from app.cache.readers.oracle import OracleReader
+from app.cache.storage.contract import Nearest
+from app.cache.storage.intents import HeadMeta, IntentGuess, IntentHead
+from app.cache.storage.keys import FIELD_INTENT, FIELD_INTENT_CONFIDENCE, FIELD_QUESTION
 from app.policy import AdaptiveSemantic
 from app.settings import PROJECT_ROOT
 
@@ -42,3 +51,45 @@ def test_docs_semantic_shows_the_rule_table_of_the_code() -> None:
     table = rule_table()
     assert table.count("\n") == len(RULE_ORDER) + 1
     assert table in (PROJECT_ROOT / "docs" / "SEMANTIC.md").read_text(encoding="utf-8")
+
+
+def twin_facts(guess: IntentGuess, cached_intent: str, cached_confidence: float) -> Facts:
+    row = Nearest("doc", 0.95, {FIELD_QUESTION: "verify my identity", FIELD_INTENT: cached_intent,
+                                FIELD_INTENT_CONFIDENCE: str(cached_confidence)})
+    return Facts(query=None, question="What is the need to verify my identity?", row=row, root="doc",  # type: ignore[arg-type]
+                 score=0.95, score_bin=95, pool=PoolOnce(lambda: None), asked_intent=guess)  # type: ignore[arg-type,return-value]
+
+
+def test_the_head_sets_aside_a_row_of_an_intent_the_question_is_unlikely_to_be_of_however_unsure_of_its_own() -> None:
+    """Issue #58 item 2: the banking stream's twin was served by ``above_band`` at 0.95 because the
+    veto waited for the head to be sure of the asked question's own intent."""
+    veto = IntentVeto()
+
+    def ruled(likely: dict[str, float], cached_confidence: float = 0.95) -> bool:
+        top = max(likely, key=likely.__getitem__)
+        guess = IntentGuess(intent=top, confidence=likely[top], confident=False, shared=True, threshold=0.9,
+                            likely=likely)
+        ruling = asyncio.run(veto(twin_facts(guess, "verify_my_identity", cached_confidence)))
+        assert ruling is None or (ruling.verdict.reason == INTENT_DIFFERS and ruling.next_row)
+        return ruling is not None
+
+    # Unsure of its own intent (0.55), but at most a 0.2 chance of the row's: set aside.
+    assert ruled({"why_verify_identity": 0.55, "verify_my_identity": 0.15, "unable_to_verify_identity": 0.2})
+    # Out of scope by the head, the row confidently an intent: set aside too.
+    assert ruled({"out_of_scope": 0.6, "verify_my_identity": 0.05})
+    # A fair chance of the row's intent: the rules after the veto decide.
+    assert not ruled({"why_verify_identity": 0.55, "verify_my_identity": 0.35})
+    # The row's own reading unsure: nothing to stand on.
+    assert not ruled({"why_verify_identity": 0.9, "verify_my_identity": 0.05}, cached_confidence=0.6)
+
+
+def test_a_heads_guess_keeps_the_probability_of_every_likely_intent() -> None:
+    meta = HeadMeta(name="t", tenant="t", category="faq", intents=["a", "b", "c"], shared=[True] * 3, threshold=0.9,
+                    fingerprint="x", phrasings=0, accuracy=0.0, served_share=0.0, held_out_wrong=0.0,
+                    error_bound=0.01, rule="", loaded_at=0)
+    # Logits 2, 1 and -4 on the one dimension: about 0.73, 0.27 and 0.002.
+    head = IntentHead(meta, np.array([[2.0, 1.0, -4.0]], dtype=np.float32), np.zeros(3, dtype=np.float32))
+    guess = head.guess(np.array([1.0], dtype=np.float32))
+    assert guess.intent == "a" and not guess.confident
+    assert set(guess.likely) == {"a", "b"} and abs(sum(guess.likely.values()) - 1.0) < 0.01
+    assert guess.chance_of("c") == 0.0 and abs(guess.chance_of("b") - 0.269) < 0.01

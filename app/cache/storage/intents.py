@@ -38,13 +38,24 @@ logger = logging.getLogger("strata.intents")
 REFRESH_S = 2.0
 
 
-def softmax_predict(weights: np.ndarray, bias: np.ndarray, vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(class index, its probability) of each row under ``softmax(vectors @ weights + bias)``."""
+def softmax_probabilities(weights: np.ndarray, bias: np.ndarray, vectors: np.ndarray) -> np.ndarray:
+    """Each row's probability of every class under ``softmax(vectors @ weights + bias)``."""
     logits = np.asarray(vectors, dtype=np.float32) @ weights + bias
     logits -= logits.max(axis=1, keepdims=True)
-    probabilities = np.exp(logits)
+    probabilities: np.ndarray = np.exp(logits)
     probabilities /= probabilities.sum(axis=1, keepdims=True)
+    return probabilities
+
+
+def softmax_predict(weights: np.ndarray, bias: np.ndarray, vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(class index, its probability) of each row under ``softmax(vectors @ weights + bias)``."""
+    probabilities = softmax_probabilities(weights, bias, vectors)
     return probabilities.argmax(axis=1), probabilities.max(axis=1)
+
+
+# The intents a guess keeps the probability of: the veto asks how likely the asked question is
+# to be of a cached row's intent, and below this it is as good as not at all.
+LIKELY_FLOOR = 0.02
 
 
 # The names teams give the questions they do not answer (case and separators ignored): Rasa's
@@ -121,7 +132,18 @@ class HeadMeta(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class IntentGuess(msgspec.Struct, frozen=True, kw_only=True):
-    """What a head reads in one question."""
+    """What a head reads in one question.
+
+    Attributes:
+        intent: The most probable intent.
+        confidence: Its probability.
+        confident: At the calibrated threshold or above.
+        shared: Whether the intent's answer serves every question of it.
+        threshold: The head's calibrated threshold.
+        beyond_band: Whether the rule looks beyond the band (:class:`HeadMeta`).
+        likely: The probability of every intent at ``LIKELY_FLOOR`` or above (the top one
+            included): how likely the question is to be of a cached row's intent.
+    """
 
     intent: str
     confidence: float
@@ -129,6 +151,11 @@ class IntentGuess(msgspec.Struct, frozen=True, kw_only=True):
     shared: bool
     threshold: float
     beyond_band: bool = False
+    likely: dict[str, float] = msgspec.field(default_factory=dict)
+
+    def chance_of(self, intent: str) -> float:
+        """The head's probability that the question is of ``intent`` (0 under ``LIKELY_FLOOR``)."""
+        return self.likely.get(intent, 0.0)
 
 
 class IntentHead:
@@ -150,10 +177,13 @@ class IntentHead:
         return softmax_predict(self.weights, self.bias, np.atleast_2d(vectors))
 
     def guess(self, vector: np.ndarray) -> IntentGuess:
-        index, confidence = self.predict(vector)
-        i, sure = int(index[0]), float(confidence[0])
+        probabilities = softmax_probabilities(self.weights, self.bias, np.atleast_2d(vector))[0]
+        i = int(probabilities.argmax())
+        sure = float(probabilities[i])
+        likely = {self.meta.intents[j]: float(probabilities[j]) for j in np.flatnonzero(probabilities >= LIKELY_FLOOR)}
         return IntentGuess(intent=self.meta.intents[i], confidence=sure, confident=sure >= self.meta.threshold,
-                           shared=self.meta.shared[i], threshold=self.meta.threshold, beyond_band=self.meta.beyond_band)
+                           shared=self.meta.shared[i], threshold=self.meta.threshold, beyond_band=self.meta.beyond_band,
+                           likely=likely)
 
     def to_hash(self) -> dict[str, bytes]:
         return {"meta": msgspec.json.encode(self.meta), "weights": self.weights.tobytes(), "bias": self.bias.tobytes()}
