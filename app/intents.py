@@ -269,6 +269,7 @@ async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *,
     calibration = await asyncio.to_thread(
         calibrate, read, labels, len(every), semantic_policy.error_bound, semantic_policy.threshold,
         delta=delta, seed=seed, refused=refused, near=vectors, beyond_band=beyond_band,
+        beyond_floor=semantic_policy.intent_beyond_floor,
         out_of_scope=np.array([i.out_of_scope for i in every]), servable=np.array([i.shared and not i.out_of_scope
                                                                                    for i in every]))
     softmax = await asyncio.to_thread(SoftmaxHead(n_classes=len(every), seed=seed).fit, read, labels)
@@ -281,7 +282,7 @@ async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *,
                                      delta=delta)
     else:
         rule = (f"both questions of one intent at confidence >= {calibration.threshold:.3f}"
-                f"{' (the nearest cached ones of that intent beyond the band too)' if beyond_band else ''}: "
+                f"{f' (the nearest cached ones of that intent beyond the band too, from similarity {semantic_policy.intent_beyond_floor:.2f})' if beyond_band else ''}: "
                 f"wrong share <= {semantic_policy.error_bound:.1%} at {1 - delta:.0%} on held-out readings replayed as a stream")
     meta = HeadMeta(name=name, tenant=tenant, category=category, intents=[i.intent for i in every],
                     shared=[i.shared and not i.out_of_scope for i in every], threshold=calibration.threshold,
@@ -290,7 +291,8 @@ async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *,
                     held_out_wrong=calibration.held_out_wrong, error_bound=semantic_policy.error_bound, rule=rule,
                     loaded_at=int(time.time()),
                     confused=[(every[a].intent, every[b].intent, n) for a, b, n in calibration.confused],
-                    beyond_band=beyond_band, phrasings_of=[len(i.phrasings) for i in every], delta=delta)
+                    beyond_band=beyond_band, phrasings_of=[len(i.phrasings) for i in every], delta=delta,
+                    beyond_floor=semantic_policy.intent_beyond_floor if beyond_band else -1.0)
     head = IntentHead(meta, weights, bias)
     await IntentStore(cache.shared).save(head)
     await forget_intent_record(cache, tag, tenant, category)

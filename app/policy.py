@@ -105,6 +105,11 @@ class AdaptiveSemantic(_Semantic, frozen=True, kw_only=True, forbid_unknown_fiel
     # The confidence the team's intents are calibrated at (Learn-then-Test's 1 - delta); the
     # category's own ``confidence`` when that is higher.
     intent_confidence: Annotated[float, Meta(ge=0.5, lt=1.0)] = 0.95
+    # A head on a second embedder looks beyond the band only at rows this similar to the asked
+    # question or more (the index's cosine), in its calibration as in serving: below it, questions
+    # of no intent of the team's read confidently as one were most of the wrong hits (CLINC150:
+    # 8 of 18 below 0.45, where 94% of the hits were right against 99.4% above; docs/INTENTS.md).
+    intent_beyond_floor: Annotated[float, Meta(ge=-1.0, le=1.0)] = 0.45
 
     @property
     def adaptive(self) -> bool:

@@ -158,7 +158,8 @@ class SemanticCache:
             if guess is not None and guess.confident and guess.shared and guess.beyond_band and not any(
                     row.similarity >= policy.threshold and as_text(row.fields.get(FIELD_INTENT)) == guess.intent
                     for row in rows):
-                beyond = await self.store_index.candidates_of_intent(query, vector, guess.intent, OF_INTENT)
+                beyond = [row for row in await self.store_index.candidates_of_intent(query, vector, guess.intent, OF_INTENT)
+                          if row.similarity >= guess.beyond_floor]
             with tracing.span(tracing.DECIDE) as step:
                 decided = await self.adaptive.decide(query, question, rows, guess, beyond_band=beyond)
                 if step is not None:

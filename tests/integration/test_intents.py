@@ -165,6 +165,17 @@ def test_heads_read_the_intent_embedder_when_one_is_configured_and_a_head_of_ano
         beyond = ask(server.url, "when does my box come", headers=asked)
         assert beyond.headers.get("x-cache-verdict") == "intent_match", dict(beyond.headers)
         assert float(beyond.headers["x-cache-similarity"]) < 0.5, dict(beyond.headers)
+        # Only from the category's `intent_beyond_floor` (0.3 here): at 0.5, the same pair is not served.
+        assert "from similarity 0.30" in loaded.stdout, loaded.stdout
+        floored = run_cli("intents", "load", str(team_file(tmp_path)), "--category", "learn_intents_floor",
+                          "--name", "minilm", env=env)
+        assert floored.returncode == 0 and "from similarity 0.50" in floored.stdout, (floored.stdout, floored.stderr)
+        kept = {**asked, "X-Cache-Category": "learn_intents_floor"}
+        assert eventually(lambda: [h for h in intents_on_health(server.url) if h["category"] == "learn_intents_floor"
+                                   and h["status"] == "serving"], timeout=15), intents_on_health(server.url)
+        assert ask(server.url, "has my parcel shipped yet", headers=kept).headers["x-cache"] == "miss"
+        assert ask(server.url, "when does my box come", headers=kept).headers.get("x-cache-verdict") != "intent_match"
+        assert run_cli("intents", "remove", "--category", "learn_intents_floor", env=env).returncode == 0
     assert run_cli("intents", "remove", "--category", "learn_intents", env=env).returncode == 0
 
 

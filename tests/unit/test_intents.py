@@ -100,6 +100,8 @@ def test_the_folds_find_neighbours_with_the_index_vectors_when_the_head_reads_an
     folds = held_out_folds(many, labels, 10, 0.5, near=apart)
     assert all((f.neighbours < 0).all() for f in folds)
     assert all((f.of_intent >= 0).any(axis=1).all() for f in folds)
+    # Beyond the band only from the floor's similarity on (the index's): orthogonal rows are at 0.
+    assert all((f.of_intent < 0).all() for f in held_out_folds(many, labels, 10, 0.5, near=apart, beyond_floor=0.45))
     # The same index vectors as the head's: the band is found, and the threshold is what it was.
     alone = calibrate(many, labels, 10, 0.05, 0.5, delta=0.05)
     assert calibrate(many, labels, 10, 0.05, 0.5, delta=0.05, near=many).threshold == alone.threshold

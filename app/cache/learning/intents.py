@@ -254,7 +254,8 @@ def folds_for(phrasings: int) -> int:
 def held_out_folds(vectors: np.ndarray, labels: np.ndarray, classes: int, floor: float, *, folds: int | None = None,
                    unknown_share: float = UNKNOWN_SHARE, seed: int = 0, epochs: int = EPOCHS,
                    refused: Refused | None = None, near: np.ndarray | None = None,
-                   out_of_scope: np.ndarray | None = None, servable: np.ndarray | None = None) -> list[Fold]:
+                   out_of_scope: np.ndarray | None = None, servable: np.ndarray | None = None,
+                   beyond_floor: float = -1.0) -> list[Fold]:
     """Every phrasing read by a head fitted without its fold (and without a tenth of the intents,
     whose phrasings stand for unknown questions), with its nearest other phrasings of the whole
     file at ``floor`` or above, as the cache's KNN would find them, each read by the head that held
@@ -264,7 +265,9 @@ def held_out_folds(vectors: np.ndarray, labels: np.ndarray, classes: int, floor:
     :class:`Fold`: the file as one stream. ``folds``: :func:`folds_for` the file when not given.
     ``out_of_scope`` (per intent): the team's own out-of-scope questions; when the file has any,
     they are what is unknown (held out fold by fold, read by a head that learnt the rest of them),
-    and no intent is held out to stand for them. ``servable`` (per intent): what the rule may serve."""
+    and no intent is held out to stand for them. ``servable`` (per intent): what the rule may serve.
+    ``beyond_floor``: the nearest phrasings read as the asker's intent are looked for from this
+    similarity (``near``'s) on, as the rule looks beyond the band."""
     near = vectors if near is None else near
     folds = folds_for(len(labels)) if folds is None else folds
     rng = np.random.default_rng(seed)
@@ -297,7 +300,7 @@ def held_out_folds(vectors: np.ndarray, labels: np.ndarray, classes: int, floor:
         similarity[np.arange(len(rows)), rows] = -np.inf  # not itself
         nearest[rows] = _top(similarity, NEIGHBOURS, floor)
         same = np.where(predicted[None, :] == predicted[rows, None], similarity, -np.inf)
-        of_intent[rows] = _top(same, OF_INTENT, -np.inf)
+        of_intent[rows] = _top(same, OF_INTENT, beyond_floor)
     if refused is not None:
         for found in (nearest, of_intent):
             for row, column in zip(*np.nonzero(found >= 0), strict=True):
@@ -358,12 +361,12 @@ def calibrate(vectors: np.ndarray, labels: np.ndarray, classes: int, error_bound
               delta: float = DELTA, seed: int = 0, folds: int | None = None, epochs: int = EPOCHS,
               refused: Refused | None = None, near: np.ndarray | None = None,
               beyond_band: bool = False, out_of_scope: np.ndarray | None = None,
-              servable: np.ndarray | None = None) -> Calibration:
+              servable: np.ndarray | None = None, beyond_floor: float = -1.0) -> Calibration:
     """The threshold of the intent rule under ``error_bound`` (the module's procedure); ``near``
     as in :func:`held_out_folds`; ``beyond_band``: the rule also looks at the nearest rows read
     as the asked intent outside the band (a head on a second embedder)."""
     held = held_out_folds(vectors, labels, classes, floor, folds=folds, seed=seed, epochs=epochs, refused=refused,
-                          near=near, out_of_scope=out_of_scope, servable=servable)
+                          near=near, out_of_scope=out_of_scope, servable=servable, beyond_floor=beyond_floor)
     confidence = np.concatenate([f.confidence for f in held])
     unknown = np.concatenate([f.unknown for f in held])
     right = np.concatenate([(f.predicted == f.labels) & ~f.unknown for f in held])

@@ -113,6 +113,9 @@ class HeadMeta(msgspec.Struct, frozen=True, kw_only=True):
     phrasings_of: list[int] = msgspec.field(default_factory=list)
     # The risk the calibration ran at (1 - its confidence).
     delta: float = 0.05
+    # The index's similarity from which the rule looks beyond the band (-1: at any, as heads
+    # loaded before the floor were calibrated).
+    beyond_floor: float = -1.0
 
     @property
     def serving(self) -> bool:
@@ -141,6 +144,7 @@ class IntentGuess(msgspec.Struct, frozen=True, kw_only=True):
         shared: Whether the intent's answer serves every question of it.
         threshold: The head's calibrated threshold.
         beyond_band: Whether the rule looks beyond the band (:class:`HeadMeta`).
+        beyond_floor: From which similarity it looks there (:class:`HeadMeta`).
         likely: The probability of every intent at ``LIKELY_FLOOR`` or above (the top one
             included): how likely the question is to be of a cached row's intent.
     """
@@ -151,6 +155,7 @@ class IntentGuess(msgspec.Struct, frozen=True, kw_only=True):
     shared: bool
     threshold: float
     beyond_band: bool = False
+    beyond_floor: float = -1.0
     likely: dict[str, float] = msgspec.field(default_factory=dict)
 
     def chance_of(self, intent: str) -> float:
@@ -183,7 +188,7 @@ class IntentHead:
         likely = {self.meta.intents[j]: float(probabilities[j]) for j in np.flatnonzero(probabilities >= LIKELY_FLOOR)}
         return IntentGuess(intent=self.meta.intents[i], confidence=sure, confident=sure >= self.meta.threshold,
                            shared=self.meta.shared[i], threshold=self.meta.threshold, beyond_band=self.meta.beyond_band,
-                           likely=likely)
+                           beyond_floor=self.meta.beyond_floor, likely=likely)
 
     def to_hash(self) -> dict[str, bytes]:
         return {"meta": msgspec.json.encode(self.meta), "weights": self.weights.tobytes(), "bias": self.bias.tobytes()}
