@@ -89,7 +89,14 @@ ADMIN_TOKEN_FILE := $(CURDIR)/$(RUN)/strata/admin-token
 KEYS_FILE := $(CURDIR)/$(RUN)/strata/keys.json
 CONSOLE_ENV = STRATA_ADMIN_TOKEN_FILE=$(ADMIN_TOKEN_FILE) $(if $(wildcard $(KEYS_FILE)),STRATA_KEYS_FILE=$(KEYS_FILE))
 
-up: deps
+# The reader of English teams' intent heads (STRATA_INTENT_READER_EN, docs/INTENTS.md): the
+# installed all-MiniLM-L6-v2 exported once as an int8 ONNX graph (about 15 s; no torch at run time).
+ENGLISH_READER := $(RUN)/models/minilm-l6-onnx-int8
+$(ENGLISH_READER)/strata-reader.json: $(STAMP)
+	@mkdir -p $(RUN); set -o pipefail; $(PY) -m app.cli intents export-reader --out $(ENGLISH_READER) 2>$(RUN)/export-reader.log | tail -n 1 || \
+	  { echo "make up: exporting the English intent reader failed; log: $(RUN)/export-reader.log" >&2; exit 1; }
+
+up: deps $(ENGLISH_READER)/strata-reader.json
 	@mkdir -p $(RUN)/strata
 	@redis-stack/redis-stack.sh start || { echo "make up: Redis Stack failed; log: $(RUN)/redis/redis.log" >&2; exit 1; }
 	@case "$(MODEL)" in \

@@ -36,7 +36,7 @@ from app.cache.readers.embedder import (
     vector_source,
 )
 from app.cache.readers.judge import LLMJudge
-from app.cache.readers.onnx_vectors import OnnxModelVectors
+from app.cache.readers.onnx_vectors import OnnxModelVectors, is_onnx_folder
 from app.cache.readers.queue import ReadQueue
 from app.cache.routed import RoutedCache, RoutedInvalidator
 from app.cache.semantic import SemanticCache
@@ -78,6 +78,8 @@ class SemanticParts:
         reads: Its reads after the response, shared by every bucket of the worker.
         head_reader: What the teams' intent heads read (the index's vectors unless
             ``STRATA_INTENT_EMBEDDER`` names a second embedder); ``None``: the index's.
+        english_reader: What the heads of English files read when no ``STRATA_INTENT_EMBEDDER``
+            is named (``STRATA_INTENT_READER_EN``); ``None``: none here, they read ``head_reader``.
     """
 
     embedder: BatchingEmbedder
@@ -87,6 +89,7 @@ class SemanticParts:
     reader: Reader | None = None
     reads: ReadQueue | None = None
     head_reader: HeadReader | None = None
+    english_reader: HeadReader | None = None
 
     def heads_read(self) -> HeadReader:
         """The heads' reader (the index's own vectors when none was configured)."""
@@ -200,7 +203,7 @@ def semantic_parts(settings: Settings, encoder: Encoder, metrics: Metrics, upstr
                           on_read=lambda name, verdict: metrics.reader_verdicts.labels(name, "after", verdict).inc(),
                           on_pending=metrics.judge_pending.set)
     return SemanticParts(embedder, verifier, CandidateCheck(verifier, confirm=judge, on_verdict=metrics.verdict), judge,
-                         reader, reads, configured_head_reader(options))
+                         reader, reads, configured_head_reader(options), english_head_reader(settings))
 
 
 def configured_head_reader(options: SemanticSettings) -> HeadReader | None:
@@ -213,6 +216,23 @@ def configured_head_reader(options: SemanticSettings) -> HeadReader | None:
                            options.judge_api_key, options.intent_embedder_model, prompts=INTENT_PROMPTS)
     if isinstance(source, LocalModelVectors | OnnxModelVectors):  # every question of the category is read: batch them
         source = BatchedVectors(source, max_pending=options.embed_max_pending)
+    return HeadReader(source, source.fingerprint)
+
+
+def english_head_reader(settings: Settings) -> HeadReader | None:
+    """``STRATA_INTENT_READER_EN``: the ONNX encoder the heads of English files read, when no
+    ``STRATA_INTENT_EMBEDDER`` names one reader for all and the folder is there (``None`` else,
+    said once in the log: English files then read the index's vectors)."""
+    options = settings.semantic
+    if options.intent_embedder or options.intent_reader_en in ("", "off"):
+        return None
+    folder = settings.resolve(options.intent_reader_en)
+    if not is_onnx_folder(str(folder)):
+        logger.info("no English intent reader at %s (strata intents export-reader writes it): English teams' heads "
+                    "read the index's vectors", folder)
+        return None
+    source = BatchedVectors(OnnxModelVectors(str(folder), options.intent_embedder_threads),
+                            max_pending=options.embed_max_pending)
     return HeadReader(source, source.fingerprint)
 
 
@@ -238,7 +258,7 @@ def assemble(settings: Settings, policy: Policy, buckets: Buckets, metrics: Metr
     options = settings.semantic
     audit = AuditLog(buckets.shared) if buckets.shared is not None else None
     # The teams' intent heads (issue #46): one copy per worker, shared by every bucket.
-    intents = IntentHeads(IntentStore(buckets.shared), parts.heads_read()) \
+    intents = IntentHeads(IntentStore(buckets.shared), parts.heads_read(), parts.english_reader) \
         if parts is not None and buckets.shared is not None else None
     each = []
     for bucket in buckets.all:

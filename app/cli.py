@@ -524,7 +524,9 @@ def cmd_export_reader(args: argparse.Namespace, settings: Settings) -> int:
         out = export_minilm(settings.resolve(args.out), int8=not args.fp32)
     except ImportError as exc:
         return fail(f"exporting needs torch, transformers and onnx (make deps installs them): {exc}")
-    print(f"wrote {out} ({'float32' if args.fp32 else 'int8'}); STRATA_INTENT_EMBEDDER={args.out} makes the heads read it")
+    print(f"wrote {out} ({'float32' if args.fp32 else 'int8'}); the heads of English files read it as "
+          f"STRATA_INTENT_READER_EN={args.out} (the default folder: .run/models/minilm-l6-onnx-int8), "
+          f"every head as STRATA_INTENT_EMBEDDER={args.out}")
     return 0
 
 
@@ -771,7 +773,7 @@ def parser() -> argparse.ArgumentParser:
         step.add_argument("--category", default="faq", help="an adaptive category (default: faq)")
         step.set_defaults(run=cmd_intents)
     export = intents_steps.add_parser("export-reader", help="write all-MiniLM-L6-v2 as an ONNX reader for English heads "
-                                                            "(STRATA_INTENT_EMBEDDER=the folder)")
+                                                            "(STRATA_INTENT_READER_EN; make up does)")
     export.add_argument("--out", default=".run/models/minilm-l6-onnx-int8", help="the folder to write")
     export.add_argument("--fp32", action="store_true", help="keep the weights in float32 (no int8 quantisation)")
     export.set_defaults(run=cmd_export_reader)

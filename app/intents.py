@@ -188,6 +188,8 @@ class IntentsLoaded(msgspec.Struct, frozen=True, kw_only=True):
     fitting_seconds: float = 0.0
     # Strata's out-of-scope stand-ins added (the file had no out_of_scope intent of its own).
     stand_ins: int = 0
+    # What the head reads, and why that one (the file's language).
+    reads: str = ""
 
     def line(self) -> str:
         m = self.meta
@@ -196,7 +198,8 @@ class IntentsLoaded(msgspec.Struct, frozen=True, kw_only=True):
         # One line; what the rule does, or why it serves nothing and what would change that, comes
         # last: it is what the team acts on.
         return (f"loaded {m.phrasings - self.stand_ins} phrasings of {len(m.intents) - bool(self.stand_ins)} intents as "
-                f"{m.name!r} for tenant {m.tenant!r} in {m.category!r}{added}: cross-validated accuracy "
+                f"{m.name!r} for tenant {m.tenant!r} in {m.category!r}{added}"
+                f"{f', read by {self.reads}' if self.reads else ''}: cross-validated accuracy "
                 f"{m.accuracy:.1%}; it would serve "
                 f"{m.served_share:.1%} of the team's held-out phrasings ({m.held_out_wrong:.2%} of them wrong); "
                 f"{self.labelled} cached documents labelled, {self.answers} intent answers stored; {self.seconds:.0f} s "
@@ -251,7 +254,11 @@ async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *,
     every = items + [i for i in await curated_intents(cache, tag, tenant, category) if i.intent not in own]
     every += out_of_scope_stand_ins(every)
     embedder = cache.each[0].semantic.embedder
-    reader = heads_reader(cache)
+    english = reads_english(items)
+    reader = heads_reader(cache, english=english)
+    english_reader = cache.intents.english if cache.intents is not None else None
+    reads = reader.fingerprint + (" (an English file)" if english_reader is not None and reader is english_reader else
+                                  " (not an English file)" if english_reader is not None else "")
     texts = [normalize_text(t) for item in every for t in item.phrasings]
     labels = np.array([n for n, item in enumerate(every) for _ in item.phrasings])
     vectors = await embed_in_slices(embedder, texts)
@@ -267,7 +274,7 @@ async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *,
         return check.guard(texts[asker], texts[cached]) is not None
 
     calibration = await asyncio.to_thread(
-        calibrate, read, labels, len(every), semantic_policy.error_bound, semantic_policy.threshold,
+        calibrate, read, labels, len(every), semantic_policy.intent_error_bound, semantic_policy.threshold,
         delta=delta, seed=seed, refused=refused, near=vectors, beyond_band=beyond_band,
         beyond_floor=semantic_policy.intent_beyond_floor,
         out_of_scope=np.array([i.out_of_scope for i in every]), servable=np.array([i.shared and not i.out_of_scope
@@ -278,17 +285,19 @@ async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *,
     if calibration.threshold > 1:
         in_scope = [i for i in every if not i.out_of_scope]
         rule = why_it_serves_nothing(intents=len(in_scope), phrasings=sum(len(i.phrasings) for i in in_scope),
-                                     bound=semantic_policy.error_bound,
+                                     bound=semantic_policy.intent_error_bound,
                                      delta=delta)
     else:
-        rule = (f"both questions of one intent at confidence >= {calibration.threshold:.3f}"
-                f"{f' (the nearest cached ones of that intent beyond the band too, from similarity {semantic_policy.intent_beyond_floor:.2f})' if beyond_band else ''}: "
-                f"wrong share <= {semantic_policy.error_bound:.1%} at {1 - delta:.0%} on held-out readings replayed as a stream")
+        beyond = (f" (the nearest cached ones of that intent beyond the band too, from similarity "
+                  f"{semantic_policy.intent_beyond_floor:.2f})") if beyond_band else ""
+        rule = (f"both questions of one intent at confidence >= {calibration.threshold:.3f}{beyond}: "
+                f"wrong share <= {semantic_policy.intent_error_bound:.2%} at {1 - delta:.0%} on held-out readings replayed "
+                f"as a stream (the category's bound {semantic_policy.error_bound:.1%} on its traffic)")
     meta = HeadMeta(name=name, tenant=tenant, category=category, intents=[i.intent for i in every],
                     shared=[i.shared and not i.out_of_scope for i in every], threshold=calibration.threshold,
                     fingerprint=reader.fingerprint, phrasings=len(texts),
                     accuracy=calibration.accuracy, served_share=calibration.served_share,
-                    held_out_wrong=calibration.held_out_wrong, error_bound=semantic_policy.error_bound, rule=rule,
+                    held_out_wrong=calibration.held_out_wrong, error_bound=semantic_policy.intent_error_bound, rule=rule,
                     loaded_at=int(time.time()),
                     confused=[(every[a].intent, every[b].intent, n) for a, b, n in calibration.confused],
                     beyond_band=beyond_band, phrasings_of=[len(i.phrasings) for i in every], delta=delta,
@@ -304,7 +313,8 @@ async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *,
     labelled = await label_documents(cache, head, tag)
     return IntentsLoaded(meta=meta, labelled=labelled, answers=len(answers), seconds=time.monotonic() - started,
                          embedding_seconds=embedded - started, fitting_seconds=fitted - embedded,
-                         stand_ins=sum(len(i.phrasings) for i in every if i.out_of_scope and i not in items))
+                         stand_ins=sum(len(i.phrasings) for i in every if i.out_of_scope and i not in items),
+                         reads=reads)
 
 
 class Refit(msgspec.Struct, frozen=True, kw_only=True):
@@ -346,7 +356,7 @@ async def refit_intents(cache: object, policy: Policy, *, tenant: str, category:
     unknown = sorted({cached for _, cached in pairs if cached not in owner})
     if unknown and cache.each and cache.each[0].semantic is not None:
         index_vectors = await embed_in_slices(cache.each[0].semantic.embedder, unknown)
-        readings = head.predict(await heads_reader(cache).vectors(unknown, index_vectors))
+        readings = head.predict(await heads_reader(cache, head=head).vectors(unknown, index_vectors))
         for text, index, sure in zip(unknown, *readings, strict=True):
             if sure >= head.meta.threshold:
                 owner[text] = head.meta.intents[int(index)]
@@ -380,13 +390,17 @@ async def forget_intent_record(cache: object, tag: str, tenant: str, category: s
     return removed
 
 
-def heads_reader(cache: object) -> HeadReader:
-    """What the heads read in this deployment (the index's vectors, or the intent embedder's)."""
+def heads_reader(cache: object, *, english: bool = False, head: IntentHead | None = None) -> HeadReader:
+    """What a head reads in this deployment: ``head``'s own; else, for a new head, the English
+    reader for an ``english`` file where there is one (issue #58), else the deployment's (the
+    index's vectors, or the intent embedder's)."""
     from app.assembly import CacheParts
 
     assert isinstance(cache, CacheParts)
     if cache.intents is not None:
-        return cache.intents.reader
+        if head is not None:
+            return cache.intents.reader_for(head)
+        return cache.intents.english if english and cache.intents.english is not None else cache.intents.reader
     embedder = cache.each[0].semantic.embedder if cache.each and cache.each[0].semantic is not None else None
     if embedder is None:
         raise IntentsFileError("intents need the semantic layer (STRATA_SEMANTIC_ENABLED)")
@@ -400,7 +414,7 @@ async def label_documents(cache: object, head: IntentHead, tag: str, page: int =
 
     assert isinstance(cache, CacheParts)
     meta, labelled = head.meta, 0
-    reader = heads_reader(cache)
+    reader = heads_reader(cache, head=head)
     faq_intents = {n[len(FAQ_INTENT_PREFIX):] for n in meta.intents if n.startswith(FAQ_INTENT_PREFIX)}
     for bucket in cache.each:
         if bucket.semantic is None:

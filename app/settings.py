@@ -115,6 +115,11 @@ class SemanticSettings(msgspec.Struct, frozen=True, kw_only=True):
     intent_embedder: str = field(default="", name="intent_embedder")
     intent_embedder_model: str = field(default="", name="intent_embedder_model")
     intent_embedder_threads: int = field(default=1, name="intent_embedder_threads")
+    # What the heads of English files read when `intent_embedder` names none (issue #58): the
+    # all-MiniLM-L6-v2 that `strata intents export-reader` writes (make up does; int8 through
+    # onnxruntime, 2.5 ms a question), if that folder is there; a file in another language, or
+    # "off" here, reads the index's vectors. The load says which one a head reads.
+    intent_reader_en: str = field(default=".run/models/minilm-l6-onnx-int8", name="intent_reader_en")
     # Reads after the response in flight per worker (a quarter of them per tenant at most).
     reader_max_pending: int = field(default=64, name="reader_max_pending")
     # How long a worker reuses an adaptive category's pooled observations before reading them again.

@@ -14,6 +14,9 @@ from app.replay.simulate import own_redis_stack
 from tests.support import FakeUpstream, fake_upstream_served
 
 ROOT = Path(__file__).resolve().parent.parent
+# Every head reads the index's vectors unless a test names the English reader: what a test loads
+# must not depend on whether `make up` exported one into .run/ (the CLI and servers it starts too).
+os.environ.setdefault("STRATA_INTENT_READER_EN", "off")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -576,6 +576,7 @@ def strata_settings(redis_url: str, upstream_url: str, **overrides: object) -> S
         "default_max_tokens": 64,
         "max_tokens_cap": 128,
         "semantic_enabled": False,
+        "intent_reader_en": "off",  # as tests/conftest.py sets it for the CLI
     }
     values.update(overrides)
     return Settings.from_flat(values)

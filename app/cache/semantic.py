@@ -247,10 +247,11 @@ class SemanticCache:
         """
         if head is None or self.intents is None:
             return None
+        reader = self.intents.reader_for(head)
         try:
-            read = await self.intents.reader.vector(question, vector, tenant)
+            read = await reader.vector(question, vector, tenant)
         except Exception as exc:  # any model failure becomes a cache failure, never a 500
-            raise EmbeddingFailed(f"intent embedder {self.intents.fingerprint}: {exc!r}") from exc
+            raise EmbeddingFailed(f"intent embedder {reader.fingerprint}: {exc!r}") from exc
         return head.guess(read)
 
     def _hit(self, row: Nearest, reason: str, bin_: int, check: Candidate | None = None) -> CacheHit:

@@ -309,3 +309,49 @@ def test_an_unchecked_answer_stands_for_its_intent_only_once_the_model_agreed(
                                       for k in redis_sync.scan_iter(match=prefix + "*")))
         answer = ask(strata, "can you refund my order please", headers=trusted)
         assert answer.headers.get("x-cache-verdict") == "intent_match", dict(answer.headers)
+
+
+ZH_TEAM = {
+    "refund": ["怎么退款", "我要退款", "如何申请退款", "退款怎么操作", "钱什么时候退回来", "申请退钱"],
+    "invoice": ["怎么开发票", "我要开发票", "如何申请发票", "发票怎么开", "电子发票在哪里下载", "开具增值税发票"],
+}
+
+
+@pytest.fixture(scope="module")
+def english_reader(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """all-MiniLM-L6-v2 exported as `strata intents export-reader` writes it (make up does)."""
+    pytest.importorskip("onnx", reason="exporting needs onnx (make test-deps)")
+    from app.cache.readers.onnx_vectors import export_minilm
+
+    return str(export_minilm(tmp_path_factory.mktemp("reader") / "minilm-int8", int8=True))
+
+
+def test_a_files_language_decides_what_its_head_reads(
+        redis_url: str, fake_upstream: FakeUpstream, use_encoder: Any, english_reader: str, tmp_path: Path) -> None:
+    """Issue #58 item 1: an English file's head reads all-MiniLM-L6-v2 through onnxruntime (the
+    English reader), a Chinese file's the index's USE vectors; one worker serves both, each read
+    by its own, and the load says which."""
+    env = {"STRATA_REDIS_URL": redis_url, "STRATA_INTENT_READER_EN": english_reader}
+    settings = strata_settings(redis_url, fake_upstream.url, semantic_enabled=True, intent_reader_en=english_reader)
+    chinese = tmp_path / "zh.csv"
+    chinese.write_text("text,intent\n" + "".join(f"{t},{i}\n" for i, texts in ZH_TEAM.items() for t in texts),
+                       encoding="utf-8")
+    with serve_strata(settings, use_encoder) as server:
+        english = run_cli("intents", "load", str(team_file(tmp_path)), "--category", "learn_intents", env=env)
+        assert english.returncode == 0, english.stderr
+        assert "read by embedder:all-minilm-l6-v2-onnx-int8:384 (an English file)" in english.stdout, english.stdout
+        assert "beyond the band too, from similarity 0.30" in english.stdout, english.stdout
+        other = run_cli("intents", "load", str(chinese), "--category", "learn_intents_checked", env=env)
+        assert other.returncode == 0, other.stderr
+        assert "read by use-multilingual" in other.stdout and "(not an English file)" in other.stdout, other.stdout
+        both = eventually(lambda: {h["category"] for h in intents_on_health(server.url)
+                                   if h["category"] in ("learn_intents", "learn_intents_checked")} ==
+                          {"learn_intents", "learn_intents_checked"}, timeout=15)
+        assert both and not [h for h in intents_on_health(server.url) if h["status"] == "refused"], \
+            intents_on_health(server.url)
+        asked = {**INTENTS, "X-Cache-User": "english-reader"}
+        assert ask(server.url, "i forgot my password again", headers=asked).headers["x-cache"] == "miss"
+        served = ask(server.url, "please help me reset my password", headers=asked)
+        assert served.headers.get("x-cache-verdict") == "intent_match", (dict(served.headers), english.stdout)
+    for category in ("learn_intents", "learn_intents_checked"):
+        assert run_cli("intents", "remove", "--category", category, env=env).returncode == 0

@@ -9,16 +9,16 @@ import numpy as np
 
 from app.cache.decision.rules import (
     RULE_ORDER,
-    Facts,
-    PoolOnce,
     CuratedWording,
     DocumentVeto,
     EntryRecord,
+    Facts,
     Guards,
     IntentMatch,
     IntentVeto,
     OutsideBound,
     Pool,
+    PoolOnce,
     ReaderRule,
     rule_table,
     rules_for,

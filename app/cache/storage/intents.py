@@ -352,16 +352,24 @@ class IntentHeads:
         store: Where the heads are kept.
         reader: What the heads read; its fingerprint (``name:dims``) is what a head must have been
             fitted on to be served here.
+        english: What the heads of English files read, when it is another (issue #58); a head
+            fitted on either is served, each read by its own.
     """
 
-    def __init__(self, store: IntentStore, reader: HeadReader) -> None:
+    def __init__(self, store: IntentStore, reader: HeadReader, english: HeadReader | None = None) -> None:
         self._store = store
         self.reader = reader
+        self.english = english
         self.fingerprint = reader.fingerprint
+        self.readers = {r.fingerprint: r for r in (reader, english) if r is not None}
         self._heads: dict[tuple[str, str], IntentHead] = {}
         self._refused: dict[tuple[str, str], str] = {}
         self._generation = -1
         self.checked_at = 0.0
+
+    def reader_for(self, head: IntentHead) -> HeadReader:
+        """What this head reads (a head is kept here only when one of the readers is its own)."""
+        return self.readers.get(head.meta.fingerprint, self.reader)
 
     def get(self, tenant: str, category: str) -> IntentHead | None:
         """The tenant's head in the category, if one is loaded for this embedder."""
@@ -383,8 +391,9 @@ class IntentHeads:
         heads, refused = {}, {}
         for head in await self._store.all():
             where = (head.meta.tenant, head.meta.category)
-            if head.meta.fingerprint != self.fingerprint:
-                refused[where] = f"fitted on {head.meta.fingerprint}, this deployment's heads read {self.fingerprint}"
+            if head.meta.fingerprint not in self.readers:
+                refused[where] = (f"fitted on {head.meta.fingerprint}, this deployment's heads read "
+                                  f"{' or '.join(self.readers)}")
                 continue
             heads[where] = head
         self._heads, self._refused, self._generation = heads, refused, generation
