@@ -285,8 +285,8 @@ async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *,
     if calibration.threshold > 1:
         in_scope = [i for i in every if not i.out_of_scope]
         rule = why_it_serves_nothing(intents=len(in_scope), phrasings=sum(len(i.phrasings) for i in in_scope),
-                                     bound=semantic_policy.intent_error_bound,
-                                     delta=delta)
+                                     bound=semantic_policy.intent_error_bound, delta=delta,
+                                     share=semantic_policy.intent_bound_share)
     else:
         beyond = (f" (the nearest cached ones of that intent beyond the band too, from similarity "
                   f"{semantic_policy.intent_beyond_floor:.2f})") if beyond_band else ""

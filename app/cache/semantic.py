@@ -208,6 +208,8 @@ class SemanticCache:
         if not (isinstance(policy, AdaptiveSemantic) and policy.check_repeats) or decided.candidate is None \
                 or decided.check is not None or source_of(decided.row) != SOURCE_MODEL:
             return None
+        if decided.row.key == self.keys.semantic_prefix(query.version) + query.entry_digest:
+            return None  # the question's own wording: a check (or a reviewer) put it there
         key = f"{query.version}|{query.generation}|{query.entry_digest}|{decided.row.key}"
         seen = self._served_once.get(key)
         self._served_once[key] = seen is not None  # True once its check was asked

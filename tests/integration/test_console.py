@@ -573,7 +573,7 @@ def test_a_small_teams_intents_say_why_they_serve_nothing_and_what_would_change_
     assert "Warning" not in loaded.stderr, loaded.stderr  # nothing before the command's own words
     # The last line says why in plain words, and what would change that.
     last = loaded.stdout.strip().splitlines()[-1]
-    assert "rule: serves nothing yet" in last and "46 phrasings per intent" in last, last
+    assert "rule: serves nothing yet" in last and "62 phrasings per intent" in last, last
     assert last.index("loaded 48 phrasings") < last.index("rule: serves nothing yet"), last
     assert "48 (6.0 per intent)" in last and "error_bound of" in last, last
     try:
@@ -581,7 +581,7 @@ def test_a_small_teams_intents_say_why_they_serve_nothing_and_what_would_change_
         card = page.locator('.intents-card[data-category="console"]')
         assert eventually(lambda: (page.goto(strata + "/console/intents"), card.count())[1], timeout=15)
         why = card.locator(".why-nothing").inner_text()
-        assert "Why it serves nothing" in why and "46 phrasings per intent" in why and "already sets aside" in why, why
+        assert "Why it serves nothing" in why and "62 phrasings per intent" in why and "already sets aside" in why, why
         rows = card.locator(".intent-list tr.intent-row")
         assert rows.count() == 8 and all(r.split("\t")[1] == "6" for r in rows.all_inner_texts()), rows.all_inner_texts()
         shot(page, "intents-small-file")

@@ -169,6 +169,9 @@ def test_a_file_that_serves_nothing_is_told_why_in_numbers_it_can_act_on() -> No
     said = why_it_serves_nothing(intents=8, phrasings=48, bound=0.01, delta=0.05)
     assert "368 times" in said and "46 phrasings per intent" in said and "320 more" in said, said
     assert "7.4% wrong" in said and "error_bound of 7.4%" in said, said
+    # The intent rule held to three quarters of the category's bound: the category's bound it would take.
+    held = why_it_serves_nothing(intents=8, phrasings=48, bound=0.0075, delta=0.05, share=0.75)
+    assert "at most 0.75% wrong" in held and "491 times" in held and "error_bound of 9.9%" in held, held
     # The bound shown is the inverse of the count needed.
     assert fewest_to_show(best_bound_shown(368, 0.05, 2), 0.05, 2) <= 368
 

@@ -180,17 +180,18 @@ def best_bound_shown(phrasings: int, delta: float = DELTA, tests: int = 1) -> fl
     return float(1.0 - (delta / tests) ** (1.0 / max(1, phrasings)))
 
 
-def why_it_serves_nothing(*, intents: int, phrasings: int, bound: float, delta: float) -> str:
-    """In plain words, why a calibration certified nothing and what would change that."""
+def why_it_serves_nothing(*, intents: int, phrasings: int, bound: float, delta: float, share: float = 1.0) -> str:
+    """In plain words, why a calibration certified nothing and what would change that (``bound``:
+    the intent rule's, ``share`` of the category's ``error_bound``)."""
     tests = len(CHAIN_STARTS)
     needed = fewest_to_show(bound, delta, tests)
     best = best_bound_shown(phrasings, delta, tests)
     per_intent = math.ceil(needed / max(1, intents))
-    return (f"serves nothing yet. To promise at most {bound:.1%} wrong hits ({1 - delta:.0%} sure), the team's own "
+    return (f"serves nothing yet. To promise at most {bound:.2%} wrong hits ({1 - delta:.0%} sure), the team's own "
             f"phrasings, each held out in turn, must be served at least {needed} times with none wrong; this file has "
             f"{phrasings} ({phrasings / max(1, intents):.1f} per intent), so the lowest it could show is {best:.1%} wrong, "
             f"however accurate the head. To serve: about {per_intent} phrasings per intent ({max(0, needed - phrasings)} "
-            f"more in all, more if some are read unsure), or an error_bound of {best:.1%} for the category "
+            f"more in all, more if some are read unsure), or an error_bound of {best / share:.1%} for the category "
             f"(schemas/policy.yaml). Until then this rule gives no hit, whatever the traffic; the head already sets "
             f"aside cached answers it reads as another intent, and the category's other rules serve as without intents.")
 
