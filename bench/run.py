@@ -40,8 +40,11 @@ TARGETS = {
     "adaptive": {"p50_ms": 8.0, "rps": 400.0},
     "intent": {"p50_ms": 8.0, "rps": 400.0},
 }
-# What an `intent_match` hit may add to the adaptive semantic hit's p50 (issue #46).
+# What an `intent_match` hit may add to the adaptive semantic hit's p50: a head on the index's
+# vectors (issue #46), and one that reads its questions with a reader of its own (issue #58: the
+# English files' all-MiniLM-L6-v2).
 INTENT_ADDS_MS = 0.3
+READER_ADDS_MS = 3.0
 
 # Used when ../shared/data is absent: paraphrase pairs of our own.
 FALLBACK_PAIRS = [
@@ -159,26 +162,29 @@ def fill(url: str, pairs: list[tuple[str, str]], category: str) -> tuple[list[st
     return exact, semantic
 
 
-def intent_bodies(url: str, redis_url: str, category: str, limit: int = 400) -> list[str]:
+def intent_bodies(url: str, redis_url: str, category: str, limit: int = 400) -> tuple[list[str], str]:
     """A team's intents in ``category`` (CLINC150's bank train split, `strata intents load`), then
-    the bank's test questions asked: those served as ``intent_match`` are the intent arm's bodies.
-    Empty when ../shared/data is absent."""
+    the bank's test questions asked: those served as ``intent_match`` are the intent arm's bodies;
+    and what the head reads, as the load said. Empty when ../shared/data is absent."""
     if not (SHARED / "clinc150.csv").exists():
-        return []
+        return [], ""
     work = Path(tempfile.mkdtemp(prefix="bench-intents-"))
     env = {**os.environ, "STRATA_REDIS_URL": redis_url, "STRATA_POLICY_FILE": str(ROOT / "bench" / "policy.yaml")}
     strata_cli = [sys.executable, "-m", "app.cli"]
     team, stream = work / "bank-train.csv", work / "bank-test.jsonl"
+    said = ""
     for step in (["replay", "intents", "--source", "clinc", "--domain", "bank", "--out", str(team)],
                  ["replay", "build", "--source", "clinc", "--domain", "bank", "--split", "test", "--requests", "1500",
                   "--seed", "0", "--out", str(stream)],
                  ["intents", "load", str(team), "--category", category]):
-        subprocess.run(strata_cli + step, cwd=ROOT, env=env, check=True, capture_output=True)
+        said = subprocess.run(strata_cli + step, cwd=ROOT, env=env, check=True, capture_output=True, text=True).stdout
+    named = re.search(r", read by (.+?): cross-validated", said)
+    reads = named.group(1) if named else "the index's vectors"
     deadline = time.monotonic() + 60
     while not any(h.get("category") == category and h.get("status") == "serving"
                   for h in httpx.get(url + "/health").json().get("intents", [])):
         if time.monotonic() > deadline:
-            return []
+            return [], reads
         time.sleep(0.2)  # every worker reloads heads within seconds (app/cache/storage/intents.py)
     served = []
     with httpx.Client(base_url=url, timeout=30) as client:
@@ -190,7 +196,7 @@ def intent_bodies(url: str, redis_url: str, category: str, limit: int = 400) -> 
                 if len(served) >= limit:
                     break
     shutil.rmtree(work, ignore_errors=True)
-    return served
+    return served, reads
 
 
 def seed_evidence(redis_url: str, category: str) -> None:
@@ -315,7 +321,8 @@ def verdict(run: Run, kind: str) -> str:
 
 
 def report(runs: list[tuple[str, Run]], rss: float, source: str, sizes: tuple[int, int, int], duration: int,
-           overhead: tuple[float, float, float, int, Run], command: str, verify: tuple[float, float, int]) -> str:
+           overhead: tuple[float, float, float, int, Run], command: str, verify: tuple[float, float, int],
+           intent_reads: str = "") -> str:
     lines = [
         "# Benchmarks",
         "",
@@ -346,12 +353,14 @@ def report(runs: list[tuple[str, Run]], rss: float, source: str, sizes: tuple[in
     intent = next((run for kind, run in runs if kind == "intent"), None)
     if adaptive is not None and intent is not None:
         added = intent.p50_ms - adaptive.p50_ms
-        lines += ["", f"A team's intents (issue #46): CLINC150's bank train split loaded into `adaptive` (`strata intents "
-                      f"load`), then its test questions asked before any arm ran (so both arms search the same index); "
-                      f"the {intent.requests:,} requests "
+        own_reader = bool(intent_reads) and not intent_reads.startswith("the index")
+        allowed = READER_ADDS_MS if own_reader else INTENT_ADDS_MS
+        lines += ["", f"A team's intents (issues #46, #58): CLINC150's bank train split loaded into `adaptive` (`strata intents "
+                      f"load`; the head reads {intent_reads or 'the index vectors'}), then its test questions asked before "
+                      f"any arm ran (so both arms search the same index); the {intent.requests:,} requests "
                       f"above rotate those served as `intent_match`. Their p50 {intent.p50_ms:.2f} ms against the adaptive "
-                      f"semantic hit's {adaptive.p50_ms:.2f} ms: {added:+.2f} ms (target: at most +{INTENT_ADDS_MS} ms, "
-                      f"{'met' if added <= INTENT_ADDS_MS else 'MISSED'})."]
+                      f"semantic hit's {adaptive.p50_ms:.2f} ms: {added:+.2f} ms (target: at most +{allowed} ms, "
+                      f"{'met' if added <= allowed else 'MISSED'})."]
     lines += [
         "",
         f"Strata's own time on a miss (issue #11, target under 3 ms p50): {overhead[3]:,} misses at concurrency 1, "
@@ -393,7 +402,7 @@ def main() -> int:
         # A team's intents in the adaptive category, chosen before any arm runs: choosing them asks
         # 1,500 questions and caches the misses, so every semantic arm then searches the same index
         # (chosen after the adaptive arm, the intent arm alone paid for a larger index).
-        intent_served = intent_bodies(url, redis_url, CATEGORIES["adaptive"])
+        intent_served, intent_reads = intent_bodies(url, redis_url, CATEGORIES["adaptive"])
         runs = []
         plan = (("exact", exact_bodies, EXACT_CATEGORY), ("semantic", semantic_bodies, CATEGORIES["semantic"]),
                 ("adaptive", adaptive_bodies, CATEGORIES["adaptive"]))
@@ -421,7 +430,7 @@ def main() -> int:
     verify = verifier_cost(pairs)
     command = "make bench" + (f" BENCH_ARGS='{' '.join(sys.argv[1:])}'" if sys.argv[1:] else "")
     text = report(runs, rss, source, (len(exact_bodies), len(semantic_bodies), len(adaptive_bodies)), args.duration, overhead,
-                  command, verify)
+                  command, verify, intent_reads)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     existing = Path(args.out).read_text(encoding="utf-8") if Path(args.out).exists() else ""
     marker = "\n## Analysis"
