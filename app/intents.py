@@ -23,7 +23,8 @@ import yaml
 from redisvl.query import FilterQuery
 from redisvl.query.filter import Tag
 
-from app.cache.learning.intents import SoftmaxHead, calibrate, risk_level, why_it_serves_nothing
+from app.cache.decision.stats import risk_level
+from app.cache.learning.intents import SoftmaxHead, calibrate, why_it_serves_nothing
 from app.cache.storage.intents import HeadMeta, HeadReader, IntentHead, IntentStore, out_of_scope_name
 from app.cache.storage.keys import (
     FIELD_CATEGORY,
@@ -37,6 +38,8 @@ from app.cache.storage.keys import (
     FIELD_TENANT,
     OBS_INTENT_OK,
     OBS_INTENT_OK_OF,
+    OBS_INTENT_TRIAL_OK,
+    OBS_INTENT_TRIAL_WRONG,
     OBS_INTENT_WRONG,
     OBS_INTENT_WRONG_OF,
     SOURCE_FAQ,
@@ -384,7 +387,8 @@ async def forget_intent_record(cache: object, tag: str, tenant: str, category: s
         redis, key = bucket.bucket.redis, bucket.bucket.keys.observations_key(tag, category, tenant)
         fields = [f for f in map(as_text, await redis.hkeys(key))
                   if f and f.startswith((f"{OBS_INTENT_OK}:", f"{OBS_INTENT_WRONG}:", f"{OBS_INTENT_OK_OF}:",
-                                          f"{OBS_INTENT_WRONG_OF}:"))]
+                                          f"{OBS_INTENT_WRONG_OF}:", f"{OBS_INTENT_TRIAL_OK}:",
+                                          f"{OBS_INTENT_TRIAL_WRONG}:"))]
         if fields:
             removed += int(await redis.hdel(key, *fields))
     return removed

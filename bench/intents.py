@@ -54,6 +54,8 @@ def build(seed: int) -> dict[str, tuple[Path, Path | None]]:
         "clinc-all": make(REPLAY / "clinc-train.csv", "intents", "--source", "clinc"),
         "clinc-10": make(REPLAY / "clinc-train10.csv", "intents", "--source", "clinc", "--per-intent", "10"),
         "bank-all": make(REPLAY / "bank-train.csv", "intents", "--source", "clinc", "--domain", "bank"),
+        # A small team's file (6 phrasings an intent): it certifies nothing; the rule on trial (issue #58 item 6).
+        "bank-6": make(REPLAY / "bank-train6.csv", "intents", "--source", "clinc", "--domain", "bank", "--per-intent", "6"),
         # The same with CLINC150's oos_train questions labelled out_of_scope (issue #58 item 5).
         "clinc-oos": make(REPLAY / "clinc-train-oos.csv", "intents", "--source", "clinc", "--out-of-scope"),
         "bank-oos": make(REPLAY / "bank-train-oos.csv", "intents", "--source", "clinc", "--domain", "bank",
@@ -62,7 +64,7 @@ def build(seed: int) -> dict[str, tuple[Path, Path | None]]:
                      "bench/data/zh_shop_bank_faq.yaml", "--per-intent", "3"),
     }
     return {"clinc-none": (clinc, None), "clinc-all": (clinc, teams["clinc-all"]), "clinc-10": (clinc, teams["clinc-10"]),
-            "bank-none": (bank, None), "bank-all": (bank, teams["bank-all"]),
+            "bank-none": (bank, None), "bank-all": (bank, teams["bank-all"]), "bank-6": (bank, teams["bank-6"]),
             "clinc-oos": (clinc, teams["clinc-oos"]), "bank-oos": (bank, teams["bank-oos"]),
             "zh-none": (zh, None), "zh-3": (zh, teams["zh-3"])}
 

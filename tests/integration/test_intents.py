@@ -355,3 +355,47 @@ def test_a_files_language_decides_what_its_head_reads(
         assert served.headers.get("x-cache-verdict") == "intent_match", (dict(served.headers), english.stdout)
     for category in ("learn_intents", "learn_intents_checked"):
         assert run_cli("intents", "remove", "--category", category, env=env).returncode == 0
+
+
+def test_a_small_files_rule_serves_once_the_models_answers_show_the_bound(
+        strata: str, redis_url: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream, tmp_path: Path) -> None:
+    """Issue #58 item 6: 40 phrasings cannot show a 0.75% bound, so the head serves nothing; the
+    pairs it would serve at 0.9 are answered by the model and counted on the rule's trial record,
+    and once that record shows the bound the rule serves them."""
+    trial = {"X-Cache-Category": "learn_intents_trial"}
+    env = {"STRATA_REDIS_URL": redis_url}
+    fake_upstream.reset()
+    refund = "Open Orders, choose the order and press Request refund; the money is back within five days."
+    fake_upstream.answers.update({"i want a refund for my order": refund, "can you refund my order": refund})
+    loaded = run_cli("intents", "load", str(team_file(tmp_path)), "--category", "learn_intents_trial", env=env)
+    assert loaded.returncode == 0 and "serves nothing yet" in loaded.stdout, (loaded.stdout, loaded.stderr)
+    assert eventually(lambda: [h for h in intents_on_health(strata) if h["category"] == "learn_intents_trial"],
+                      timeout=15), intents_on_health(strata)
+    assert ask(strata, "i want a refund for my order", headers=trial).headers["x-cache"] == "miss"
+    on_trial = ask(strata, "can you refund my order", headers=trial)
+    assert on_trial.headers["x-cache"] == "miss", dict(on_trial.headers)
+    assert 'reason="intent_trial"' in httpx.get(strata + "/metrics").text
+    pool = pool_key(redis_sync, "learn_intents_trial")
+    assert eventually(lambda: any(k.startswith(b"intent_trial_ok:") for k in redis_sync.hgetall(pool))), \
+        redis_sync.hgetall(pool)
+    # 398 clean pairs show 0.75% at 95% (as if the model's answers had come in): the rule serves.
+    redis_sync.hset(pool, "intent_trial_ok:0", 400)
+    # (Each asked once: a miss writes the exact entry its repeat would hit. A worker re-reads the
+    # pool within a second: enough distinct questions to outlast that.)
+    questions = [f"{polite} refund my order {tail}".strip() for tail in ("", "please", "today", "soon", "thanks", "for me")
+                 for polite in ("could you", "would you", "will you", "kindly", "i need you to", "go ahead and")]
+    fake_upstream.answers.update(dict.fromkeys(questions, refund))  # the model agrees: clean trial pairs
+    asked = iter(questions)
+    replies: list[dict[str, str]] = []
+
+    def served_by_intent() -> bool:
+        question = next(asked, None)
+        if question is None:
+            return True  # every one asked: the assertion below says what they got
+        replies.append({"question": question, **ask(strata, question, headers=trial).headers})
+        return replies[-1].get("x-cache-verdict") == "intent_match"
+
+    assert eventually(served_by_intent, timeout=15) and replies[-1].get("x-cache-verdict") == "intent_match", \
+        [(r["question"], r["date"][-12:], r["x-cache"], r.get("x-cache-verdict"), r.get("x-cache-similarity")) for r in replies]
+    assert run_cli("intents", "remove", "--category", "learn_intents_trial", env=env).returncode == 0
+    fake_upstream.reset()

@@ -4,6 +4,7 @@ the order docs/SEMANTIC.md shows, each with the reasons it may give."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -12,22 +13,26 @@ from app.cache.decision.rules import (
     CuratedWording,
     DocumentVeto,
     EntryRecord,
+    EntryVeto,
     Facts,
     Guards,
     IntentMatch,
+    IntentTrial,
     IntentVeto,
     OutsideBound,
     Pool,
     PoolOnce,
     ReaderRule,
+    Ruling,
     rule_table,
     rules_for,
 )
-from app.cache.decision.verify import INTENT_DIFFERS, CandidateCheck, ThresholdVerifier
+from app.cache.decision.stats import PooledCounts
+from app.cache.decision.verify import INTENT_DIFFERS, INTENT_MATCH, INTENT_TRIAL, CandidateCheck, ThresholdVerifier
 from app.cache.readers.oracle import OracleReader
 from app.cache.storage.contract import Nearest
 from app.cache.storage.intents import HeadMeta, IntentGuess, IntentHead
-from app.cache.storage.keys import FIELD_INTENT, FIELD_INTENT_CONFIDENCE, FIELD_QUESTION
+from app.cache.storage.keys import FIELD_INTENT, FIELD_INTENT_CONFIDENCE, FIELD_QUESTION, FIELD_SOURCE, SOURCE_MODEL
 from app.policy import AdaptiveSemantic
 from app.settings import PROJECT_ROOT
 
@@ -39,10 +44,10 @@ def kinds(policy: AdaptiveSemantic, reader: object = None) -> list[type]:
 
 def test_a_categorys_rules_come_from_its_policy_in_one_order() -> None:
     bare = AdaptiveSemantic(error_bound=0.01)
-    assert kinds(bare) == [Guards, DocumentVeto, CuratedWording, IntentVeto, IntentMatch, Pool, OutsideBound]
+    assert kinds(bare) == [Guards, DocumentVeto, CuratedWording, IntentVeto, IntentMatch, Pool, IntentTrial, OutsideBound]
     recorded = AdaptiveSemantic(error_bound=0.01, entry_confirmations=5, reader="serve")
     assert kinds(recorded, OracleReader({})) == [Guards, DocumentVeto, CuratedWording, IntentVeto, IntentMatch, Pool, EntryRecord,
-                                                 ReaderRule, OutsideBound]
+                                                 IntentTrial, ReaderRule, OutsideBound]
     # A reader configured but off in the policy is not in the list.
     assert ReaderRule not in kinds(AdaptiveSemantic(error_bound=0.01, reader="off"), OracleReader({}))
 
@@ -93,3 +98,47 @@ def test_a_heads_guess_keeps_the_probability_of_every_likely_intent() -> None:
     assert guess.intent == "a" and not guess.confident
     assert set(guess.likely) == {"a", "b"} and abs(sum(guess.likely.values()) - 1.0) < 0.01
     assert guess.chance_of("c") == 0.0 and abs(guess.chance_of("b") - 0.269) < 0.01
+
+
+class NoRedis:
+    """The entry's record, never read by a document that is its own entry (``IntentMatch``)."""
+
+
+def small_file_facts(trial: tuple[int, int], confidence: float = 0.95, cached_confidence: float = 0.95) -> Facts:
+    counts = PooledCounts({"intent_trial_ok:0": trial[0], "intent_trial_wrong:0": trial[1]})
+
+    async def read() -> PooledCounts:
+        return counts
+
+    guess = IntentGuess(intent="refund", confidence=confidence, confident=False, shared=True, threshold=1.01,
+                        likely={"refund": confidence})
+    row = Nearest("doc", 0.7, {FIELD_QUESTION: "i want my money back", FIELD_INTENT: "refund",
+                               FIELD_INTENT_CONFIDENCE: str(cached_confidence), FIELD_SOURCE: SOURCE_MODEL})
+    # What the rules read of the query: its category's policy.
+    query = SimpleNamespace(category=SimpleNamespace(semantic=AdaptiveSemantic(error_bound=0.01)))
+    return Facts(query=query, question="can i get a refund", row=row, root="doc", score=0.7,  # type: ignore[arg-type]
+                 score_bin=70, pool=PoolOnce(read), asked_intent=guess)
+
+
+def test_a_small_files_rule_is_on_trial_until_the_models_answers_show_the_bound() -> None:
+    """Issue #58 item 6: a head that certified nothing serves nothing, but the pairs it would serve
+    at 0.9 are answered by the model and counted; once that record shows the rule's bound (0.75%
+    at 95%: 398 clean pairs), it serves them."""
+    trial, match = IntentTrial(), IntentMatch(EntryVeto(NoRedis()))  # type: ignore[arg-type]
+
+    def run(rule: object, facts: Facts) -> Ruling | None:
+        return asyncio.run(rule(facts))  # type: ignore[operator]
+
+    # Too few clean pairs yet: the intent rule passes, the trial rule sends the pair to the model.
+    early = small_file_facts((397, 0))
+    assert run(match, early) is None
+    on_trial = run(trial, early)
+    assert on_trial is not None and on_trial.trial and on_trial.verdict.reason == INTENT_TRIAL
+    assert not on_trial.verdict.accepted
+    # Enough: served as an intent match (and the trial rule never sees it).
+    served = run(match, small_file_facts((398, 0)))
+    assert served is not None and served.verdict.accepted and served.verdict.reason == INTENT_MATCH
+    # A wrong pair in the record needs more clean ones; a pair below 0.9 is neither served nor on trial.
+    assert run(match, small_file_facts((398, 1))) is None
+    assert run(trial, small_file_facts((0, 0), confidence=0.85)) is None
+    assert run(match, small_file_facts((5000, 0), cached_confidence=0.85)) is None

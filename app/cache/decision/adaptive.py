@@ -213,7 +213,8 @@ class AdaptiveDecision:
             vouched=ruling.vouched, read=ruling.read_later,
             reader_said_no=self._explore.reader_no_kept(ruling, policy),
             refused="" if verdict.accepted else verdict.reason,
-            intent=facts.asked_intent.intent if ruling.vouched == VOUCH_INTENT and facts.asked_intent else "")
+            intent=facts.asked_intent.intent if ruling.vouched == VOUCH_INTENT and facts.asked_intent else "",
+            trial=ruling.trial)
         if self._explore.explored(ruling, candidate.source, policy):
             return msgspec.structs.replace(candidate, explored=True)
         if verdict.accepted:

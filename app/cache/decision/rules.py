@@ -25,11 +25,13 @@ from app.cache.decision.candidates import same_wording, source_of
 from app.cache.decision.stats import (
     MARGIN_WEIGHT,
     PooledCounts,
+    binomial_tail,
     entry_record_fields,
     entry_vouches,
     milli,
     prior_has_evidence,
     reader_trusted,
+    risk_level,
     wilson_interval,
     within_bound,
     z_of,
@@ -40,6 +42,7 @@ from app.cache.decision.verify import (
     ENTRY_RECORD,
     INTENT_DIFFERS,
     INTENT_MATCH,
+    INTENT_TRIAL,
     INTENT_UNCHECKED,
     OUTSIDE_BOUND,
     READER_ACCEPTED,
@@ -82,6 +85,8 @@ class Ruling(msgspec.Struct, frozen=True, kw_only=True):
         check_after: Served by the intent rule from an entry whose answer was never checked
             against its intent (``intent_first_check``): the model is asked the same question
             after the response, and its answer checks the entry.
+        trial: A pair the intent rule would serve, had its head certified anything: the model's
+            answer counts on the rule's trial record too (:class:`IntentTrial`).
     """
 
     verdict: Verdict
@@ -89,6 +94,7 @@ class Ruling(msgspec.Struct, frozen=True, kw_only=True):
     next_row: bool = False
     read_later: bool = False
     check_after: bool = False
+    trial: bool = False
 
 
 def serve(reason: str, vouched: str = "", *, check_after: bool = False) -> Ruling:
@@ -331,6 +337,28 @@ def intent_rule_serves(asked_intent: Any, asked_confidence: Any, cached_intent: 
     return (asked_intent == cached_intent) & (asked_confidence >= threshold) & (cached_confidence >= threshold)
 
 
+# The confidence at which a head that certified nothing puts the intent rule on trial, and serves
+# once the trial shows the bound (issue #58 item 6): both questions read as one intent this sure.
+TRIAL_CONFIDENCE = 0.9
+
+
+def trial_shows_bound(counts: PooledCounts, policy: AdaptiveSemantic) -> bool:
+    """Whether the intent rule's trial record (pairs it would have served, each answered by the
+    model) rejects "its wrong share is above the rule's bound" at the intent rule's confidence
+    (the exact binomial tail, as the calibration tests; with none wrong, 398 pairs at 0.75%)."""
+    wrong, total = counts.intent_trial
+    return binomial_tail(wrong, total, policy.intent_error_bound) <= risk_level(policy.confidence,
+                                                                                policy.intent_confidence)
+
+
+async def serving_threshold(facts: Facts, guess: IntentGuess) -> float | None:
+    """The confidence the intent rule serves at: the calibrated one; else, for a head that
+    certified nothing, :data:`TRIAL_CONFIDENCE` once its trial showed the bound; ``None``: none."""
+    if guess.threshold <= 1.0:
+        return guess.threshold
+    return TRIAL_CONFIDENCE if trial_shows_bound(await facts.counts(), facts.policy) else None
+
+
 def check_after_serving(facts: Facts, standing: IntentStanding) -> bool:
     """Whether the intent rule's serve is checked against the model after the response: its
     first from an entry of the model's answers never checked (``intent_first_check``)."""
@@ -363,7 +391,13 @@ class IntentMatch(Rule):
             return None
         fields = facts.row.fields
         if not intent_rule_serves(guess.intent, guess.confidence, as_text(fields.get(FIELD_INTENT)),
-                                  float(as_text(fields.get(FIELD_INTENT_CONFIDENCE)) or 0.0), guess.threshold):
+                                  float(as_text(fields.get(FIELD_INTENT_CONFIDENCE)) or 0.0),
+                                  min(guess.threshold, TRIAL_CONFIDENCE)):
+            return None  # below what it could serve at, calibrated or on trial: no pool read
+        threshold = await serving_threshold(facts, guess)
+        if threshold is None or not intent_rule_serves(guess.intent, guess.confidence, as_text(fields.get(FIELD_INTENT)),
+                                                       float(as_text(fields.get(FIELD_INTENT_CONFIDENCE)) or 0.0),
+                                                       threshold):
             return None
         # The tenant's measured intent hits: the calibration stands, for this intent and overall.
         if not intents_refuted(await facts.counts(), facts.policy).serves(guess.intent):
@@ -479,6 +513,30 @@ class EntryRecord(Rule):
         return serve(ABOVE_BAND if await self._prior_zone(facts) else ENTRY_RECORD, VOUCH_RECORD)
 
 
+class IntentTrial(Rule):
+    """A head that certified nothing (a small file) puts the intent rule on trial: a row no rule
+    before this one served, which both questions read as one shared intent at
+    :data:`TRIAL_CONFIDENCE`, is answered by the model, and the comparison counts on the rule's
+    trial record as well as in the pool; once the record shows the rule's bound, the intent rule
+    serves such pairs (:func:`serving_threshold`). A small file pays off as the model's answers
+    come in, at no cost: these requests were misses."""
+
+    name = "intent trial"
+    reasons = (INTENT_TRIAL,)
+    reads = "the head's reading of the asked question; the document's `intent`, `intent_confidence`"
+    counts = "the answered miss as the pool counts it, and `intent_trial_ok:<bin>`/`intent_trial_wrong:<bin>`"
+
+    async def __call__(self, facts: Facts) -> Ruling | None:
+        guess = facts.asked_intent
+        if guess is None or guess.threshold <= 1.0 or not guess.shared or source_of(facts.row) != SOURCE_MODEL:
+            return None
+        fields = facts.row.fields
+        if not intent_rule_serves(guess.intent, guess.confidence, as_text(fields.get(FIELD_INTENT)),
+                                  float(as_text(fields.get(FIELD_INTENT_CONFIDENCE)) or 0.0), TRIAL_CONFIDENCE):
+            return None
+        return Ruling(verdict=Verdict(False, INTENT_TRIAL), trial=True)
+
+
 class ReaderRule(Rule):
     """A reader of the grey zone (``semantic.reader``): where its yes was measured within the
     bound (``serve``), asked now with its deadline; elsewhere marked to be read after the
@@ -529,6 +587,7 @@ def rules_for(policy: AdaptiveSemantic, check: CandidateCheck, redis: Redis, rea
                          IntentMatch(entry_veto), Pool(prior_zone, entry_veto)]
     if policy.entry_confirmations > 0:
         rules.append(EntryRecord(redis, prior_zone))
+    rules.append(IntentTrial())
     if reader is not None and policy.reader != "off":
         rules.append(ReaderRule(reader, on_read))
     rules.append(OutsideBound())
@@ -561,7 +620,7 @@ class Explore(Described):
 
 
 RULE_ORDER: tuple[type[Described], ...] = (Guards, DocumentVeto, CuratedWording, IntentVeto, IntentMatch, Pool,
-                                           EntryRecord, ReaderRule, OutsideBound, Explore)
+                                           EntryRecord, IntentTrial, ReaderRule, OutsideBound, Explore)
 
 
 def rule_table() -> str:

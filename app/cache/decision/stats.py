@@ -23,6 +23,8 @@ from app.cache.storage.keys import (
     OBS_EXPLORED_WRONG,
     OBS_INTENT_OK,
     OBS_INTENT_OK_OF,
+    OBS_INTENT_TRIAL_OK,
+    OBS_INTENT_TRIAL_WRONG,
     OBS_INTENT_WRONG,
     OBS_INTENT_WRONG_OF,
     OBS_OK,
@@ -108,6 +110,24 @@ def wilson_upper(wrong: float, total: float, z: float) -> float:
     return wilson_interval(wrong, total, z)[1]
 
 
+def binomial_tail(wrong: int, served: int, rate: float) -> float:
+    """P(X <= wrong) for X ~ Binomial(served, rate): the p-value of "the wrong share is above rate"."""
+    if served == 0:
+        return 1.0
+    total = 0.0
+    for i in range(wrong + 1):
+        log_term = (math.lgamma(served + 1) - math.lgamma(i + 1) - math.lgamma(served - i + 1)
+                    + i * math.log(rate) + (served - i) * math.log1p(-rate))
+        total += math.exp(log_term)
+    return min(1.0, total)
+
+
+def risk_level(confidence: float, intent_confidence: float = 0.95) -> float:
+    """The intent rule's delta for a category: its intents' confidence (95% unless the policy
+    says), the category's own if higher."""
+    return min(1.0 - intent_confidence, 1.0 - confidence)
+
+
 def z_of(confidence: float) -> float:
     """One-sided z of a confidence level (0.85 -> 1.04)."""
     return NormalDist().inv_cdf(confidence)
@@ -115,7 +135,7 @@ def z_of(confidence: float) -> float:
 
 # Per-bin kinds of a pool: the answered misses' own, and those of the rules that vouch beside it.
 _BINNED_KINDS = (OBS_OK, OBS_WRONG, OBS_RECORD_OK, OBS_RECORD_WRONG, OBS_READER_OK, OBS_READER_WRONG, OBS_INTENT_OK,
-                 OBS_INTENT_WRONG,
+                 OBS_INTENT_WRONG, OBS_INTENT_TRIAL_OK, OBS_INTENT_TRIAL_WRONG,
                  OBS_READER_NO_OK, OBS_READER_NO_WRONG)
 # Each vouching rule's (right, wrong) kinds.
 VOUCH_KINDS = {VOUCH_RECORD: (OBS_RECORD_OK, OBS_RECORD_WRONG), VOUCH_READER: (OBS_READER_OK, OBS_READER_WRONG),
@@ -149,6 +169,9 @@ class PooledCounts:
         # A reader's no, every bin.
         self.reader_no_ok = int(self._suffix[OBS_READER_NO_OK][0])
         self.reader_no_wrong = int(self._suffix[OBS_READER_NO_WRONG][0])
+        # The intent rule on trial, every bin: (wrong, total).
+        self.intent_trial = (int(self._suffix[OBS_INTENT_TRIAL_WRONG][0]),
+                             int(self._suffix[OBS_INTENT_TRIAL_WRONG][0] + self._suffix[OBS_INTENT_TRIAL_OK][0]))
 
     def at_or_above(self, bin_: int) -> tuple[int, int]:
         """(wrong, total) of the observations at this score bin or higher."""

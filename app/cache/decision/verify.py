@@ -76,6 +76,9 @@ INTENT_DIFFERS = "intent_differs"
 # The intent rule would have served the row, but its entry's answer was never checked against
 # the model (``intent_trusted_only``): the model answers, and its answer checks the entry.
 INTENT_UNCHECKED = "intent_unchecked"
+# The team's head certified nothing, and the intent rule is on trial: the row is one it would
+# serve; the model answers, and its answer counts on the rule's trial record (issue #58 item 6).
+INTENT_TRIAL = "intent_trial"
 # A review item, not a verdict: the intent rule served a cached answer, and the model's answer to
 # the same question, asked after the response to check the entry, differed from it.
 CHECK_DISAGREED = "check_disagreed"

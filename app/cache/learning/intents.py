@@ -44,6 +44,7 @@ import msgspec
 import numpy as np
 
 from app.cache.decision.rules import BAND_ROWS, intent_rule_serves
+from app.cache.decision.stats import binomial_tail
 from app.cache.storage.intents import softmax_predict
 
 # Learn-then-Test's risk level: the threshold holds with at least this probability (95%, or the
@@ -155,18 +156,6 @@ class SoftmaxHead:
         return softmax_predict(self.coef_, self.intercept_, X)
 
 
-def binomial_tail(wrong: int, served: int, rate: float) -> float:
-    """P(X <= wrong) for X ~ Binomial(served, rate): the p-value of "the wrong share is above rate"."""
-    if served == 0:
-        return 1.0
-    total = 0.0
-    for i in range(wrong + 1):
-        log_term = (math.lgamma(served + 1) - math.lgamma(i + 1) - math.lgamma(served - i + 1)
-                    + i * math.log(rate) + (served - i) * math.log1p(-rate))
-        total += math.exp(log_term)
-    return min(1.0, total)
-
-
 def fewest_to_show(rate: float, delta: float = DELTA, tests: int = 1) -> int:
     """Served phrasings needed before even a clean record rejects "wrong share > rate" at
     ``delta / tests``: with fewer, no threshold can be certified (at 1% and 95%: 299 for one test,
@@ -194,12 +183,6 @@ def why_it_serves_nothing(*, intents: int, phrasings: int, bound: float, delta: 
             f"more in all, more if some are read unsure), or an error_bound of {best / share:.1%} for the category "
             f"(schemas/policy.yaml). Until then this rule gives no hit, whatever the traffic; the head already sets "
             f"aside cached answers it reads as another intent, and the category's other rules serve as without intents.")
-
-
-def risk_level(confidence: float, intent_confidence: float = 1.0 - DELTA) -> float:
-    """The calibration's delta for a category: its intents' confidence (95% unless the policy
-    says), the category's own if higher."""
-    return min(1.0 - intent_confidence, 1.0 - confidence)
 
 
 class Calibration(msgspec.Struct, frozen=True, kw_only=True):

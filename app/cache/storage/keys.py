@@ -163,6 +163,10 @@ OBS_INTENT_WRONG = "intent_wrong"
 # question names) is set aside alone (app/cache/decision/rules.py, ``intents_refuted``).
 OBS_INTENT_OK_OF = "intent_ok_of"
 OBS_INTENT_WRONG_OF = "intent_wrong_of"
+# ``intent_trial_ok:<bin>`` / ``intent_trial_wrong:<bin>``: the intent rule on trial (issue #58
+# item 6): pairs it would have served had its head certified anything, answered by the model.
+OBS_INTENT_TRIAL_OK = "intent_trial_ok"
+OBS_INTENT_TRIAL_WRONG = "intent_trial_wrong"
 # The rules whose verdicts are counted so (a candidate's ``vouched``).
 VOUCH_RECORD = "record"
 VOUCH_READER = "reader"
