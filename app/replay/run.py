@@ -54,6 +54,8 @@ class Report:
     feedback: int = 0  # wrong hits reported by the asker (POST /v1/feedback)
     reviews: dict[str, int] = field(default_factory=dict)  # queue items a simulated reviewer settled, by verdict
     model_calls: int | None = None  # what the simulated model answered: misses and checks of served hits
+    # The tenant's pool at the end of a simulated replay: its fields and counts (the rules' records).
+    pool: dict[str, int] = field(default_factory=dict)
 
     def count(self, layer: str, part: Sequence[Replayed] | None = None) -> int:
         return sum(1 for o in (self.outcomes if part is None else part) if o.layer == layer)
@@ -127,6 +129,7 @@ class Report:
             "semantic_by_verdict": {verdict: {"served": served, "wrong": wrong}
                                     for verdict, (served, wrong) in self.semantic_by_verdict().items()},
             "windows": self.windows(window),
+            "pool": self.pool,
             "wrong_hits": [{"index": i, "text": o.text, "label": o.label, "served_label": o.served_label,
                             "layer": o.layer, "similarity": o.similarity, "kind": o.wrong_kind,
                             "verdict": o.verdict}

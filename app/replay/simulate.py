@@ -270,6 +270,10 @@ def run_simulated(stream: list[Any], *, settings: Settings, category: str, encod
                                       after_each=reviewer.after_each if reviewer else settle,
                                       known_answers=known, feedback=feedback)
                 report.model_calls = upstream.calls
+                bucket = resources.cache.each[0].bucket
+                tag = await resources.cache.each[0].versions.refresh()
+                pooled = await bucket.redis.hgetall(bucket.keys.observations_key(tag, category, "default"))
+                report.pool = {k.decode() if isinstance(k, bytes) else str(k): int(v) for k, v in pooled.items()}
                 if reviewer is not None:
                     report.reviews = {"approved": reviewer.settled["approved"], "rejected": reviewer.settled["rejected"],
                                       "unlabelled": reviewer.settled["unlabelled"], "queue_empty": reviewer.settled["empty"]}

@@ -104,8 +104,9 @@ class NoRedis:
     """The entry's record, never read by a document that is its own entry (``IntentMatch``)."""
 
 
-def small_file_facts(trial: tuple[int, int], confidence: float = 0.95, cached_confidence: float = 0.95) -> Facts:
-    counts = PooledCounts({"intent_trial_ok:0": trial[0], "intent_trial_wrong:0": trial[1]})
+def small_file_facts(trial: tuple[int, int], confidence: float = 0.95, cached_confidence: float = 0.95,
+                     record: dict[str, int] | None = None) -> Facts:
+    counts = PooledCounts(record or {"intent_trial_ok:95": trial[0], "intent_trial_wrong:95": trial[1]})
 
     async def read() -> PooledCounts:
         return counts
@@ -122,23 +123,29 @@ def small_file_facts(trial: tuple[int, int], confidence: float = 0.95, cached_co
 
 def test_a_small_files_rule_is_on_trial_until_the_models_answers_show_the_bound() -> None:
     """Issue #58 item 6: a head that certified nothing serves nothing, but the pairs it would serve
-    at 0.9 are answered by the model and counted; once that record shows the rule's bound (0.75%
-    at 95%: 398 clean pairs), it serves them."""
+    at 0.9 are answered by the model and counted; once that record shows the category's bound
+    (1% at 95%: 299 clean pairs; the traffic itself, so no share of it), it serves them."""
     trial, match = IntentTrial(), IntentMatch(EntryVeto(NoRedis()))  # type: ignore[arg-type]
 
     def run(rule: object, facts: Facts) -> Ruling | None:
         return asyncio.run(rule(facts))  # type: ignore[operator]
 
     # Too few clean pairs yet: the intent rule passes, the trial rule sends the pair to the model.
-    early = small_file_facts((397, 0))
+    early = small_file_facts((298, 0))
     assert run(match, early) is None
     on_trial = run(trial, early)
-    assert on_trial is not None and on_trial.trial and on_trial.verdict.reason == INTENT_TRIAL
+    assert on_trial is not None and on_trial.trial_bin == 95 and on_trial.verdict.reason == INTENT_TRIAL
     assert not on_trial.verdict.accepted
     # Enough: served as an intent match (and the trial rule never sees it).
-    served = run(match, small_file_facts((398, 0)))
+    served = run(match, small_file_facts((299, 0)))
     assert served is not None and served.verdict.accepted and served.verdict.reason == INTENT_MATCH
     # A wrong pair in the record needs more clean ones; a pair below 0.9 is neither served nor on trial.
-    assert run(match, small_file_facts((398, 1))) is None
+    assert run(match, small_file_facts((299, 1))) is None
     assert run(trial, small_file_facts((0, 0), confidence=0.85)) is None
     assert run(match, small_file_facts((5000, 0), cached_confidence=0.85)) is None
+    # Counted by the pair's lower confidence, walked from the most confident: 400 clean at 0.97
+    # show the bound there, the 5 wrong at 0.95 refute it from 0.95 down; a pair at 0.98 is
+    # served, one at 0.95 is not.
+    mixed = {"intent_trial_ok:97": 400, "intent_trial_wrong:95": 5}
+    assert run(match, small_file_facts((0, 0), confidence=0.98, cached_confidence=0.98, record=mixed)) is not None
+    assert run(match, small_file_facts((0, 0), record=mixed)) is None

@@ -214,7 +214,7 @@ class AdaptiveDecision:
             reader_said_no=self._explore.reader_no_kept(ruling, policy),
             refused="" if verdict.accepted else verdict.reason,
             intent=facts.asked_intent.intent if ruling.vouched == VOUCH_INTENT and facts.asked_intent else "",
-            trial=ruling.trial)
+            trial_bin=ruling.trial_bin)
         if self._explore.explored(ruling, candidate.source, policy):
             return msgspec.structs.replace(candidate, explored=True)
         if verdict.accepted:

@@ -14,6 +14,7 @@ A new rule is one class here and one line in :func:`rules_for`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -85,8 +86,9 @@ class Ruling(msgspec.Struct, frozen=True, kw_only=True):
         check_after: Served by the intent rule from an entry whose answer was never checked
             against its intent (``intent_first_check``): the model is asked the same question
             after the response, and its answer checks the entry.
-        trial: A pair the intent rule would serve, had its head certified anything: the model's
-            answer counts on the rule's trial record too (:class:`IntentTrial`).
+        trial_bin: A pair the intent rule would serve, had its head certified anything: the
+            model's answer counts on the rule's trial record too, in this hundredth of the pair's
+            lower confidence (:class:`IntentTrial`); -1: none.
     """
 
     verdict: Verdict
@@ -94,7 +96,7 @@ class Ruling(msgspec.Struct, frozen=True, kw_only=True):
     next_row: bool = False
     read_later: bool = False
     check_after: bool = False
-    trial: bool = False
+    trial_bin: int = -1
 
 
 def serve(reason: str, vouched: str = "", *, check_after: bool = False) -> Ruling:
@@ -337,26 +339,41 @@ def intent_rule_serves(asked_intent: Any, asked_confidence: Any, cached_intent: 
     return (asked_intent == cached_intent) & (asked_confidence >= threshold) & (cached_confidence >= threshold)
 
 
-# The confidence at which a head that certified nothing puts the intent rule on trial, and serves
-# once the trial shows the bound (issue #58 item 6): both questions read as one intent this sure.
-TRIAL_CONFIDENCE = 0.9
+# The confidences a head that certified nothing puts the intent rule on trial at (issue #58 item
+# 6), most confident first: a pair both of whose questions the head reads as one intent at the
+# last of them or above is answered by the model and counted by its lower confidence.
+TRIAL_LEVELS = (0.99, 0.98, 0.97, 0.95, 0.93, 0.9)
+TRIAL_CONFIDENCE = TRIAL_LEVELS[-1]
 
 
-def trial_shows_bound(counts: PooledCounts, policy: AdaptiveSemantic) -> bool:
-    """Whether the intent rule's trial record (pairs it would have served, each answered by the
-    model) rejects "its wrong share is above the rule's bound" at the intent rule's confidence
-    (the exact binomial tail, as the calibration tests; with none wrong, 398 pairs at 0.75%)."""
-    wrong, total = counts.intent_trial
-    return binomial_tail(wrong, total, policy.intent_error_bound) <= risk_level(policy.confidence,
-                                                                                policy.intent_confidence)
+def trial_threshold(counts: PooledCounts, policy: AdaptiveSemantic) -> float | None:
+    """The lowest trial level whose record shows the rule's bound, walking the levels from the
+    most confident and stopping at the first that does not (a fixed sequence, as the calibration
+    walks its grid, and like it beginning at the first level with pairs enough to show the bound
+    at all, a count that reads no label): "the wrong share of pairs at this confidence or above
+    exceeds the category's bound" rejected by the exact binomial tail at the intent rule's risk
+    (with none wrong, 299 pairs at 1% and 95%). The category's bound, not the calibration's
+    share of it: these pairs are the traffic itself, not the team's file standing for it.
+    ``None``: no level yet."""
+    delta, shown, begun = risk_level(policy.confidence, policy.intent_confidence), None, False
+    enough = math.ceil(math.log(delta) / math.log1p(-policy.error_bound))
+    for level in TRIAL_LEVELS:
+        wrong, total = counts.on_trial_at_or_above(round(level * 100))
+        begun = begun or total >= enough
+        if not begun:
+            continue
+        if binomial_tail(wrong, total, policy.error_bound) > delta:
+            break
+        shown = level
+    return shown
 
 
 async def serving_threshold(facts: Facts, guess: IntentGuess) -> float | None:
     """The confidence the intent rule serves at: the calibrated one; else, for a head that
-    certified nothing, :data:`TRIAL_CONFIDENCE` once its trial showed the bound; ``None``: none."""
+    certified nothing, the trial's (:func:`trial_threshold`); ``None``: none."""
     if guess.threshold <= 1.0:
         return guess.threshold
-    return TRIAL_CONFIDENCE if trial_shows_bound(await facts.counts(), facts.policy) else None
+    return trial_threshold(await facts.counts(), facts.policy)
 
 
 def check_after_serving(facts: Facts, standing: IntentStanding) -> bool:
@@ -517,9 +534,10 @@ class IntentTrial(Rule):
     """A head that certified nothing (a small file) puts the intent rule on trial: a row no rule
     before this one served, which both questions read as one shared intent at
     :data:`TRIAL_CONFIDENCE`, is answered by the model, and the comparison counts on the rule's
-    trial record as well as in the pool; once the record shows the rule's bound, the intent rule
-    serves such pairs (:func:`serving_threshold`). A small file pays off as the model's answers
-    come in, at no cost: these requests were misses."""
+    trial record (by the pair's lower confidence) as well as in the pool; once the record shows
+    the rule's bound at a level, the intent rule serves the pairs from that level
+    (:func:`trial_threshold`). A small file pays off as the model's answers come in, at no cost:
+    these requests were misses."""
 
     name = "intent trial"
     reasons = (INTENT_TRIAL,)
@@ -531,10 +549,12 @@ class IntentTrial(Rule):
         if guess is None or guess.threshold <= 1.0 or not guess.shared or source_of(facts.row) != SOURCE_MODEL:
             return None
         fields = facts.row.fields
-        if not intent_rule_serves(guess.intent, guess.confidence, as_text(fields.get(FIELD_INTENT)),
-                                  float(as_text(fields.get(FIELD_INTENT_CONFIDENCE)) or 0.0), TRIAL_CONFIDENCE):
+        cached_confidence = float(as_text(fields.get(FIELD_INTENT_CONFIDENCE)) or 0.0)
+        if not intent_rule_serves(guess.intent, guess.confidence, as_text(fields.get(FIELD_INTENT)), cached_confidence,
+                                  TRIAL_CONFIDENCE):
             return None
-        return Ruling(verdict=Verdict(False, INTENT_TRIAL), trial=True)
+        lower = min(guess.confidence, cached_confidence)
+        return Ruling(verdict=Verdict(False, INTENT_TRIAL), trial_bin=min(99, math.floor(lower * 100)))
 
 
 class ReaderRule(Rule):

@@ -169,9 +169,6 @@ class PooledCounts:
         # A reader's no, every bin.
         self.reader_no_ok = int(self._suffix[OBS_READER_NO_OK][0])
         self.reader_no_wrong = int(self._suffix[OBS_READER_NO_WRONG][0])
-        # The intent rule on trial, every bin: (wrong, total).
-        self.intent_trial = (int(self._suffix[OBS_INTENT_TRIAL_WRONG][0]),
-                             int(self._suffix[OBS_INTENT_TRIAL_WRONG][0] + self._suffix[OBS_INTENT_TRIAL_OK][0]))
 
     def at_or_above(self, bin_: int) -> tuple[int, int]:
         """(wrong, total) of the observations at this score bin or higher."""
@@ -184,6 +181,12 @@ class PooledCounts:
         ok_kind, wrong_kind = VOUCH_KINDS[rule]
         wrong = int(self._suffix[wrong_kind][bin_])
         return wrong, wrong + int(self._suffix[ok_kind][bin_])
+
+    def on_trial_at_or_above(self, confidence_bin: int) -> tuple[int, int]:
+        """(wrong, total) of the intent rule's trial pairs whose lower confidence is in this
+        hundredth or above (they are counted by confidence, not score)."""
+        wrong = int(self._suffix[OBS_INTENT_TRIAL_WRONG][confidence_bin])
+        return wrong, wrong + int(self._suffix[OBS_INTENT_TRIAL_OK][confidence_bin])
 
     def within(self, low: int, high: int) -> tuple[int, int]:
         """(wrong, total) of the observations with a score bin in ``[low, high)``."""

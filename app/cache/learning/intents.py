@@ -43,7 +43,7 @@ from collections.abc import Callable
 import msgspec
 import numpy as np
 
-from app.cache.decision.rules import BAND_ROWS, intent_rule_serves
+from app.cache.decision.rules import BAND_ROWS, TRIAL_CONFIDENCE, intent_rule_serves
 from app.cache.decision.stats import binomial_tail
 from app.cache.storage.intents import softmax_predict
 
@@ -176,13 +176,17 @@ def why_it_serves_nothing(*, intents: int, phrasings: int, bound: float, delta: 
     needed = fewest_to_show(bound, delta, tests)
     best = best_bound_shown(phrasings, delta, tests)
     per_intent = math.ceil(needed / max(1, intents))
+    needed_on_trial = fewest_to_show(bound / share, delta)  # on the traffic itself: the category's bound
     return (f"serves nothing yet. To promise at most {bound:.2%} wrong hits ({1 - delta:.0%} sure), the team's own "
             f"phrasings, each held out in turn, must be served at least {needed} times with none wrong; this file has "
             f"{phrasings} ({phrasings / max(1, intents):.1f} per intent), so the lowest it could show is {best:.1%} wrong, "
             f"however accurate the head. To serve: about {per_intent} phrasings per intent ({max(0, needed - phrasings)} "
             f"more in all, more if some are read unsure), or an error_bound of {best / share:.1%} for the category "
-            f"(schemas/policy.yaml). Until then this rule gives no hit, whatever the traffic; the head already sets "
-            f"aside cached answers it reads as another intent, and the category's other rules serve as without intents.")
+            f"(schemas/policy.yaml). Meanwhile the rule is on trial: the pairs it would serve (both questions read "
+            f"as one intent at {TRIAL_CONFIDENCE:.0%} or more) are answered by the model and counted by confidence, "
+            f"and from the lowest confidence whose pairs show the bound ({needed_on_trial} with none wrong) it serves "
+            f"them; the head already sets aside cached answers it reads as another intent, and the category's other "
+            f"rules serve as without intents.")
 
 
 class Calibration(msgspec.Struct, frozen=True, kw_only=True):

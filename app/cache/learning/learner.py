@@ -341,8 +341,8 @@ class AnswerLearner:
             rules.append(observation_field(ok_kind if same else wrong_kind, candidate.score_bin))
         if candidate.intent:
             rules.append(intent_field(same, candidate.intent))
-        if candidate.trial:
-            rules.append(observation_field(OBS_INTENT_TRIAL_OK if same else OBS_INTENT_TRIAL_WRONG, candidate.score_bin))
+        if candidate.trial_bin >= 0:
+            rules.append(observation_field(OBS_INTENT_TRIAL_OK if same else OBS_INTENT_TRIAL_WRONG, candidate.trial_bin))
         if candidate.reader_said_no:
             rules.append(observation_field(OBS_READER_NO_OK if same else OBS_READER_NO_WRONG, candidate.score_bin))
         elif candidate.read and self._reads is not None and query.canonical.question is not None:

@@ -153,8 +153,9 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
             (``intent_first_check``): the model's answer, asked after the response, marks the
             entry checked or refuted and counts on the document and entry only, never in the
             pool (a chosen sample, not a drawn one).
-        trial: A pair the intent rule would have served, had its head certified anything
-            (``intent_trial``): the model's answer counts on the rule's trial record too.
+        trial_bin: A pair the intent rule would have served, had its head certified anything
+            (``intent_trial``): the model's answer counts on the rule's trial record too, in
+            this hundredth of the pair's lower confidence; -1: none.
     """
 
     key: str
@@ -172,7 +173,7 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
     refused: str = ""
     intent: str = ""
     first_check: bool = False
-    trial: bool = False
+    trial_bin: int = -1
 
 
 class Verdict(msgspec.Struct, frozen=True):
