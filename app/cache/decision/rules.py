@@ -394,7 +394,8 @@ class IntentMatch(Rule):
     name = "intent match"
     reasons = (INTENT_MATCH, INTENT_UNCHECKED, WRONG_BEFORE)
     reads = ("the head's reading of the asked question; the document's `intent`, `intent_confidence`, `intent_refuted` "
-             "(and its entry's, and the entry's `intent_checked`); the pool's `intent_*:<bin>` and `intent_*_of:<intent>`")
+             "(and its entry's, and the entry's `intent_checked`); the pool's `intent_*:<bin>` and `intent_*_of:<intent>`, "
+             "and for a head that certified nothing its `intent_trial_*:<hundredth>`")
     counts = ("`intent_ok:<bin>`/`intent_wrong:<bin>` and `intent_ok_of:<intent>`/`intent_wrong_of:<intent>` when "
               "explored or marked wrong, never the pool's bins; a wrong marks the document and its entry `intent_refuted`, "
               "a right one `intent_checked` (also the model's answer to an entry's first hit, asked after the response)")
