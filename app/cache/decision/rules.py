@@ -161,6 +161,13 @@ class Facts:
         return str(self.row.fields[FIELD_QUESTION])
 
     @property
+    def cached_reading(self) -> tuple[str, float]:
+        """What the tenant's head read in the cached question when it was stored: (intent,
+        confidence); ("", 0.0) for a document stored before the head."""
+        fields = self.row.fields
+        return as_text(fields.get(FIELD_INTENT)) or "", float(as_text(fields.get(FIELD_INTENT_CONFIDENCE)) or 0.0)
+
+    @property
     def is_entry(self) -> bool:
         return self.root == self.row.key
 
@@ -317,10 +324,8 @@ class IntentVeto(Rule):
         if guess is None:
             return None
         sure = min(guess.threshold, VETO_CONFIDENCE)
-        cached = as_text(facts.row.fields.get(FIELD_INTENT))
-        if not cached or cached == guess.intent or guess.chance_of(cached) > 1.0 - sure:
-            return None
-        if float(as_text(facts.row.fields.get(FIELD_INTENT_CONFIDENCE)) or 0.0) < sure:
+        cached, cached_confidence = facts.cached_reading
+        if not cached or cached == guess.intent or guess.chance_of(cached) > 1.0 - sure or cached_confidence < sure:
             return None
         return Ruling(verdict=Verdict(False, INTENT_DIFFERS), next_row=True)
 
@@ -407,15 +412,12 @@ class IntentMatch(Rule):
         guess = facts.asked_intent
         if guess is None or not guess.shared:
             return None
-        fields = facts.row.fields
-        if not intent_rule_serves(guess.intent, guess.confidence, as_text(fields.get(FIELD_INTENT)),
-                                  float(as_text(fields.get(FIELD_INTENT_CONFIDENCE)) or 0.0),
+        cached, cached_confidence = facts.cached_reading
+        if not intent_rule_serves(guess.intent, guess.confidence, cached, cached_confidence,
                                   min(guess.threshold, TRIAL_CONFIDENCE)):
             return None  # below what it could serve at, calibrated or on trial: no pool read
         threshold = await serving_threshold(facts, guess)
-        if threshold is None or not intent_rule_serves(guess.intent, guess.confidence, as_text(fields.get(FIELD_INTENT)),
-                                                       float(as_text(fields.get(FIELD_INTENT_CONFIDENCE)) or 0.0),
-                                                       threshold):
+        if threshold is None or min(guess.confidence, cached_confidence) < threshold:
             return None
         # The tenant's measured intent hits: the calibration stands, for this intent and overall.
         if not intents_refuted(await facts.counts(), facts.policy).serves(guess.intent):
@@ -549,10 +551,8 @@ class IntentTrial(Rule):
         guess = facts.asked_intent
         if guess is None or guess.threshold <= 1.0 or not guess.shared or source_of(facts.row) != SOURCE_MODEL:
             return None
-        fields = facts.row.fields
-        cached_confidence = float(as_text(fields.get(FIELD_INTENT_CONFIDENCE)) or 0.0)
-        if not intent_rule_serves(guess.intent, guess.confidence, as_text(fields.get(FIELD_INTENT)), cached_confidence,
-                                  TRIAL_CONFIDENCE):
+        cached, cached_confidence = facts.cached_reading
+        if not intent_rule_serves(guess.intent, guess.confidence, cached, cached_confidence, TRIAL_CONFIDENCE):
             return None
         lower = min(guess.confidence, cached_confidence)
         return Ruling(verdict=Verdict(False, INTENT_TRIAL), trial_bin=min(99, math.floor(lower * 100)))
