@@ -35,7 +35,7 @@ from litestar.template.config import TemplateConfig
 from redis.asyncio import Redis
 
 from app.auth import DEFAULT_TENANT, KEY_PREFIX
-from app.cache.decision.rules import intents_refuted
+from app.cache.decision.rules import TRIAL_CONFIDENCE, intents_refuted, trial_threshold
 from app.cache.decision.verify import INTENT_MATCH, READER_ACCEPTED
 from app.cache.learning.feedback import FeedbackError, FeedbackRequest
 from app.cache.learning.review import REVIEW_MAX_ITEMS, ReviewItem
@@ -625,7 +625,12 @@ class ConsoleController(Controller):
                     watch = intents_refuted(counts, policy.semantic)
                     measured = (watch.wrong, watch.total)
                     of_intent = dict(counts.of_intent)
-                    if m.threshold <= 1 and watch.suspended:
+                    if m.threshold > 1:
+                        wrong, total = counts.on_trial_at_or_above(round(TRIAL_CONFIDENCE * 100))
+                        level = trial_threshold(counts, policy.semantic)
+                        status = (f"on trial: {counted(total, 'pair')} the model answered, {wrong} wrong; "
+                                  + (f"serving from {level:.2f}" if level is not None else "serves nothing yet"))
+                    elif m.threshold <= 1 and watch.suspended:
                         status = "suspended: its measured hits refute the calibration"
                     elif m.threshold <= 1 and watch.set_aside:
                         status = f"serving; set aside (their measured hits were wrong): {', '.join(watch.set_aside)}"

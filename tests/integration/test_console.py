@@ -582,6 +582,8 @@ def test_a_small_teams_intents_say_why_they_serve_nothing_and_what_would_change_
         assert eventually(lambda: (page.goto(strata + "/console/intents"), card.count())[1], timeout=15)
         why = card.locator(".why-nothing").inner_text()
         assert "Why it serves nothing" in why and "62 phrasings per intent" in why and "already sets aside" in why, why
+        # Its rule on trial, and how far (no pair answered yet: nothing asked in this category).
+        assert "on trial: 0 pairs the model answered, 0 wrong; serves nothing yet" in card.inner_text(), card.inner_text()
         rows = card.locator(".intent-list tr.intent-row")
         assert rows.count() == 8 and all(r.split("\t")[1] == "6" for r in rows.all_inner_texts()), rows.all_inner_texts()
         shot(page, "intents-small-file")
