@@ -23,8 +23,8 @@ import yaml
 from redisvl.query import FilterQuery
 from redisvl.query.filter import Tag
 
-from app.cache.decision.stats import risk_level
-from app.cache.learning.intents import SoftmaxHead, calibrate, why_it_serves_nothing
+from app.cache.decision.stats import clean_checks_to_certify, risk_level
+from app.cache.learning.intents import Calibration, SoftmaxHead, calibrate, why_it_serves_nothing
 from app.cache.storage.intents import HeadMeta, HeadReader, IntentHead, IntentStore, out_of_scope_name
 from app.cache.storage.keys import (
     FIELD_CATEGORY,
@@ -38,6 +38,8 @@ from app.cache.storage.keys import (
     FIELD_TENANT,
     OBS_INTENT_OK,
     OBS_INTENT_OK_OF,
+    OBS_INTENT_PROBATION_OK_OF,
+    OBS_INTENT_PROBATION_WRONG_OF,
     OBS_INTENT_TRIAL_OK,
     OBS_INTENT_TRIAL_WRONG,
     OBS_INTENT_WRONG,
@@ -88,12 +90,17 @@ class IntentDef(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
 
 
 
-# Strata's own English out-of-scope questions (app/data/out_of_scope_en.txt): the calibration's
-# unknown questions when a team gives none. A tenth of the team's intents held out instead are
-# twins of its known ones, and hold a head to a threshold real out-of-scope traffic does not need.
-OUT_OF_SCOPE_FILE = Path(__file__).resolve().parent / "data" / "out_of_scope_en.txt"
+# Strata's own out-of-scope questions, English (app/data/out_of_scope_en.txt) and Chinese
+# (out_of_scope_zh.txt): the calibration's unknown questions, and an intent the head learns, when
+# a team gives none. A tenth of the team's intents held out instead are twins of its known ones,
+# and hold a head to a threshold real out-of-scope traffic does not need; and a head that knows
+# no out-of-scope question reads "今天天气怎么样" as the nearest intent at 1.00 (issue #62).
+DATA = Path(__file__).resolve().parent / "data"
+OUT_OF_SCOPE_FILE = DATA / "out_of_scope_en.txt"
+OUT_OF_SCOPE_FILE_ZH = DATA / "out_of_scope_zh.txt"
 STAND_IN_INTENT = "out_of_scope"
-# A file reads as English when this share of its phrasings is mostly ASCII letters.
+# A file reads as English when this share of its phrasings is mostly ASCII letters, as Chinese
+# when this share has a Han character.
 ENGLISH_SHARE = 0.9
 
 
@@ -107,13 +114,22 @@ def reads_english(items: list[IntentDef]) -> bool:
     return bool(texts) and sum(latin(t) for t in texts) >= ENGLISH_SHARE * len(texts)
 
 
+def reads_chinese(items: list[IntentDef]) -> bool:
+    texts = [t for item in items for t in item.phrasings]
+    return bool(texts) and sum(any("\u4e00" <= c <= "\u9fff" for c in t) for t in texts) >= ENGLISH_SHARE * len(texts)
+
+
 def out_of_scope_stand_ins(items: list[IntentDef]) -> list[IntentDef]:
-    """Strata's English out-of-scope questions as an ``out_of_scope`` intent, for an English file
-    with none of its own (none for another language: its held-out intents stand in, as before)."""
-    if any(item.out_of_scope for item in items) or not reads_english(items):
+    """Strata's out-of-scope questions in the file's language (English or Chinese) as an
+    ``out_of_scope`` intent, for a file with none of its own (none for another language: its
+    held-out intents stand in, as before)."""
+    if any(item.out_of_scope for item in items):
+        return []
+    source = OUT_OF_SCOPE_FILE if reads_english(items) else OUT_OF_SCOPE_FILE_ZH if reads_chinese(items) else None
+    if source is None:
         return []
     taken = {normalize_text(t) for item in items for t in item.phrasings}
-    lines = OUT_OF_SCOPE_FILE.read_text(encoding="utf-8").splitlines()
+    lines = source.read_text(encoding="utf-8").splitlines()
     stand_ins = [t for t in dict.fromkeys(normalize_text(line) for line in lines if line and not line.startswith("#"))
                  if t not in taken]
     return [IntentDef(intent=STAND_IN_INTENT, phrasings=stand_ins, shared=False)] if len(stand_ins) >= 2 else []
@@ -285,17 +301,20 @@ async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *,
     softmax = await asyncio.to_thread(SoftmaxHead(n_classes=len(every), seed=seed).fit, read, labels)
     weights, bias = softmax.coef_, softmax.intercept_
     fitted = time.monotonic()
+    probation = calibration.probation if semantic_policy.intent_probation else 1.01
     if calibration.threshold > 1:
         in_scope = [i for i in every if not i.out_of_scope]
         rule = why_it_serves_nothing(intents=len(in_scope), phrasings=sum(len(i.phrasings) for i in in_scope),
                                      bound=semantic_policy.intent_error_bound, delta=delta,
-                                     share=semantic_policy.intent_bound_share)
+                                     share=semantic_policy.intent_bound_share, on_probation=probation <= 1)
     else:
         beyond = (f" (the nearest cached ones of that intent beyond the band too, from similarity "
                   f"{semantic_policy.intent_beyond_floor:.2f})") if beyond_band else ""
         rule = (f"both questions of one intent at confidence >= {calibration.threshold:.3f}{beyond}: "
                 f"wrong share <= {semantic_policy.intent_error_bound:.2%} at {1 - delta:.0%} on held-out readings replayed "
                 f"as a stream (the category's bound {semantic_policy.error_bound:.1%} on its traffic)")
+    if probation <= 1:
+        rule += "; " + probation_words(calibration, probation, semantic_policy, delta)
     meta = HeadMeta(name=name, tenant=tenant, category=category, intents=[i.intent for i in every],
                     shared=[i.shared and not i.out_of_scope for i in every], threshold=calibration.threshold,
                     fingerprint=reader.fingerprint, phrasings=len(texts),
@@ -304,7 +323,7 @@ async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *,
                     loaded_at=int(time.time()),
                     confused=[(every[a].intent, every[b].intent, n) for a, b, n in calibration.confused],
                     beyond_band=beyond_band, phrasings_of=[len(i.phrasings) for i in every], delta=delta,
-                    beyond_floor=semantic_policy.intent_beyond_floor if beyond_band else -1.0)
+                    beyond_floor=semantic_policy.intent_beyond_floor if beyond_band else -1.0, probation=probation)
     head = IntentHead(meta, weights, bias)
     await IntentStore(cache.shared).save(head)
     await forget_intent_record(cache, tag, tenant, category)
@@ -318,6 +337,22 @@ async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *,
                          embedding_seconds=embedded - started, fitting_seconds=fitted - embedded,
                          stand_ins=sum(len(i.phrasings) for i in every if i.out_of_scope and i not in items),
                          reads=reads)
+
+
+def probation_words(calibration: Calibration, probation: float, policy: AdaptiveSemantic, delta: float) -> str:
+    """What the rule promises on probation, and when, in plain words (the load's line, the console)."""
+    below = "below that, " if calibration.threshold <= 1 else ""
+    checks = clean_checks_to_certify(policy.error_bound, delta)
+    return (f"{below}on probation from the first request, both questions of one intent at confidence >= "
+            f"{probation:.3f} (a team's answer stands for its intent: only the asked question's confidence counts). "
+            f"Before traffic, the file promises nothing there: held out, it served {calibration.probation_served:.0%} "
+            f"of the team's phrasings, {calibration.probation_wrong:.2%} of them wrong. Over traffic, the record "
+            f"promises: every probation hit of a model's answer is checked by the model after the response, and an "
+            f"intent stops as soon as its checks show more than {policy.error_bound:.0%} wrong ({1 - delta:.0%} sure, "
+            f"a test valid however often it is read), the rule too when the intents left show it; after {checks} "
+            f"clean checks the record certifies the bound and checks thin to {policy.intent_check_sample:.0%} of the "
+            f"hits. A team's own answer is not checked by the model: a user's \"wrong\" (/v1/feedback) counts "
+            f"against its intent")
 
 
 class Refit(msgspec.Struct, frozen=True, kw_only=True):
@@ -388,7 +423,8 @@ async def forget_intent_record(cache: object, tag: str, tenant: str, category: s
         fields = [f for f in map(as_text, await redis.hkeys(key))
                   if f and f.startswith((f"{OBS_INTENT_OK}:", f"{OBS_INTENT_WRONG}:", f"{OBS_INTENT_OK_OF}:",
                                           f"{OBS_INTENT_WRONG_OF}:", f"{OBS_INTENT_TRIAL_OK}:",
-                                          f"{OBS_INTENT_TRIAL_WRONG}:"))]
+                                          f"{OBS_INTENT_TRIAL_WRONG}:", f"{OBS_INTENT_PROBATION_OK_OF}:",
+                                          f"{OBS_INTENT_PROBATION_WRONG_OF}:"))]
         if fields:
             removed += int(await redis.hdel(key, *fields))
     return removed

@@ -116,6 +116,12 @@ class AdaptiveSemantic(_Semantic, frozen=True, kw_only=True, forbid_unknown_fiel
     # stream of its test split at that threshold; docs/INTENTS.md). The promise is the stream's.
     # 0.5 cost CLINC150 seed 0 0.61 -> 0.51 of reach for no gain on the bank's seed 1.
     intent_bound_share: Annotated[float, Meta(gt=0.0, le=1.0)] = 0.75
+    # Hits the intent rule serves on probation (below the certified confidence, down to what the
+    # team's file showed; docs/INTENTS.md) are each checked by the model after the response until
+    # their record certifies the bound; from then on, this share of them.
+    intent_check_sample: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.1
+    # Whether the intent rule serves on probation at all (off: only from a certified confidence).
+    intent_probation: bool = True
 
     @property
     def adaptive(self) -> bool:

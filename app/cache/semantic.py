@@ -155,7 +155,7 @@ class SemanticCache:
                     tracing.note(step, {tracing.CANDIDATES: len(rows)})
             guess = await self.read_intent(head, question, vector, query.canonical.tenant)
             beyond: list[Nearest] = []
-            if guess is not None and guess.confident and guess.shared and guess.beyond_band and not any(
+            if guess is not None and guess.confidence >= guess.lowest and guess.shared and guess.beyond_band and not any(
                     row.similarity >= policy.threshold and as_text(row.fields.get(FIELD_INTENT)) == guess.intent
                     for row in rows):
                 beyond = [row for row in await self.store_index.candidates_of_intent(query, vector, guess.intent, OF_INTENT)

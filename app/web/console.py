@@ -35,12 +35,13 @@ from litestar.template.config import TemplateConfig
 from redis.asyncio import Redis
 
 from app.auth import DEFAULT_TENANT, KEY_PREFIX
-from app.cache.decision.rules import TRIAL_CONFIDENCE, intents_refuted, trial_threshold
+from app.cache.decision.rules import TRIAL_CONFIDENCE, intents_refuted, probation_watch, trial_threshold
+from app.cache.decision.stats import PooledCounts, clean_checks_to_certify, risk_level
 from app.cache.decision.verify import INTENT_MATCH, READER_ACCEPTED
 from app.cache.learning.feedback import FeedbackError, FeedbackRequest
 from app.cache.learning.review import REVIEW_MAX_ITEMS, ReviewItem
 from app.cache.storage.contract import CACHE_ERRORS
-from app.cache.storage.intents import IntentRefits, RefitState, out_of_scope_name
+from app.cache.storage.intents import HeadMeta, IntentRefits, RefitState, out_of_scope_name
 from app.cache.storage.invalidation import Invalidated, Invalidation, InvalidationError, NothingThere
 from app.cache.storage.keys import (
     FIELD_QUESTION,
@@ -242,6 +243,38 @@ def _tenant_of(session: ConsoleSession, asked: str | None) -> str | None:
     if session.tenant is not None:
         return session.tenant
     return asked or None
+
+
+
+def probation_status(meta: HeadMeta, counts: PooledCounts, policy: AdaptiveSemantic) -> str:
+    """The intents page's line for a head serving on probation: its checked record in words."""
+    watch = probation_watch(counts, policy)
+    certified = "serving" if meta.serving else "certified nothing before traffic"
+    if watch.suspended:
+        return (f"{certified}; on probation from {meta.probation:.3f}: stopped, its {counted(watch.total, 'checked hit')} "
+                f"show more than {policy.error_bound:.0%} wrong ({watch.wrong} wrong)")
+    stopped = f"; stopped (their checks showed more than the bound): {', '.join(watch.stopped)}" if watch.stopped else ""
+    if watch.certified:
+        record = (f"its record certifies {policy.error_bound:.0%} ({counted(watch.total, 'checked hit')}, {watch.wrong} wrong): "
+                  f"{policy.intent_check_sample:.0%} of its hits checked")
+    else:
+        record = (f"{counted(watch.total, 'checked hit')}, {watch.wrong} wrong; every hit of a model's answer checked "
+                  f"until {clean_checks_to_certify(policy.error_bound, risk_level(policy.confidence, policy.intent_confidence))} "
+                  f"clean ones certify the bound")
+    return f"{certified}; on probation from {meta.probation:.3f}: {record}{stopped}"
+
+
+def promise_words(meta: HeadMeta, policy: AdaptiveSemantic | None) -> str:
+    """What is promised when, in words: before traffic from the file, over traffic from the record."""
+    before = (f"Before traffic, from the file: at most {meta.error_bound:.2%} wrong hits ({1 - meta.delta:.0%} sure) from "
+              f"confidence {meta.threshold:.3f}." if meta.serving else
+              "Before traffic, from the file: nothing certified (too few phrasings to show the bound).")
+    if meta.probation > 1 or policy is None or not policy.intent_probation:
+        return before
+    return (f"{before} Over traffic, from the record: from confidence {meta.probation:.3f} each hit of a model's answer is "
+            f"checked by the model after the response, and an intent stops as soon as its checks show more than "
+            f"{policy.error_bound:.0%} wrong ({1 - meta.delta:.0%} sure, valid however often read); a team's own answer "
+            f"is judged by its askers' feedback, not by the model.")
 
 
 class ConsoleController(Controller):
@@ -618,6 +651,8 @@ class ConsoleController(Controller):
             m = head.meta
             status, measured = ("serving" if m.serving else "serves nothing"), (0, 0)
             of_intent: dict[str, tuple[int, int]] = {}
+            on_probation: dict[str, tuple[int, int]] = {}
+            counts = None
             policy = resources.policy.categories.get(m.category)
             if semantic is not None and tag is not None and policy is not None and isinstance(policy.semantic, AdaptiveSemantic):
                 try:
@@ -625,7 +660,10 @@ class ConsoleController(Controller):
                     watch = intents_refuted(counts, policy.semantic)
                     measured = (watch.wrong, watch.total)
                     of_intent = dict(counts.of_intent)
-                    if m.threshold > 1:
+                    on_probation = dict(counts.on_probation)
+                    if m.probation <= 1 and policy.semantic.intent_probation:
+                        status = probation_status(m, counts, policy.semantic)
+                    elif m.threshold > 1:
                         wrong, total = counts.on_trial_at_or_above(round(TRIAL_CONFIDENCE * 100))
                         level = trial_threshold(counts, policy.semantic)
                         status = (f"on trial: {counted(total, 'pair')} the model answered, {wrong} wrong; "
@@ -643,10 +681,16 @@ class ConsoleController(Controller):
                 except CACHE_ERRORS:
                     pass
             counts_of = m.phrasings_of if len(m.phrasings_of) == len(m.intents) else [0] * len(m.intents)
-            per_intent = [{"intent": intent, "phrasings": n, "shared": shared, "measured": sum(of_intent.get(intent, (0, 0))),
-                           "wrong": of_intent.get(intent, (0, 0))[1], "out_of_scope": out_of_scope_name(intent)}
+            stopped = set(probation_watch(counts, policy.semantic).stopped) \
+                if counts is not None and policy is not None and isinstance(policy.semantic, AdaptiveSemantic) else set()
+            per_intent = [{"intent": intent, "phrasings": n, "shared": shared,
+                           "measured": sum(of_intent.get(intent, (0, 0))) + sum(on_probation.get(intent, (0, 0))),
+                           "wrong": of_intent.get(intent, (0, 0))[1] + on_probation.get(intent, (0, 0))[1],
+                           "out_of_scope": out_of_scope_name(intent), "stopped": intent in stopped}
                           for intent, n, shared in zip(m.intents, counts_of, m.shared, strict=True)]
             rows.append({"meta": m, "status": status, "explored": measured[1], "explored_wrong": measured[0],
+                         "promise": promise_words(m, policy.semantic if policy is not None
+                                                  and isinstance(policy.semantic, AdaptiveSemantic) else None),
                          "per_intent": per_intent,
                          "hits": resources.recent.latest(tenant=m.tenant, category=m.category, verdict=INTENT_MATCH,
                                                          count=RECENT_HITS), "refit": refit})

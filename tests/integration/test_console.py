@@ -562,7 +562,7 @@ LEAD_FILE = {
 }
 
 
-def test_a_small_teams_intents_say_why_they_serve_nothing_and_what_would_change_it(
+def test_a_small_teams_intents_say_what_is_promised_before_traffic_and_over_it(
         strata: str, browser: Any, redis_url: str, redis_sync: redis.Redis, tmp_path: Path) -> None:
     path = tmp_path / "lead.csv"
     path.write_text("text,intent\n" + "".join(f'"{t}",{i}\n' for i, texts in LEAD_FILE.items() for t in texts))
@@ -571,19 +571,22 @@ def test_a_small_teams_intents_say_why_they_serve_nothing_and_what_would_change_
                             cwd=ROOT, capture_output=True, text=True, env=env)
     assert loaded.returncode == 0, loaded.stderr
     assert "Warning" not in loaded.stderr, loaded.stderr  # nothing before the command's own words
-    # The last line says why in plain words, and what would change that.
+    # The last line says in plain words what the file can promise (nothing before traffic), and
+    # what the rule does meanwhile (serves on probation, its record the promise).
     last = loaded.stdout.strip().splitlines()[-1]
-    assert "rule: serves nothing yet" in last and "62 phrasings per intent" in last, last
-    assert last.index("loaded 48 phrasings") < last.index("rule: serves nothing yet"), last
-    assert "48 (6.0 per intent)" in last and "error_bound of" in last, last
+    assert "rule: certifies nothing before traffic" in last and "48 (6.0 per intent)" in last, last
+    assert last.index("loaded 48 phrasings") < last.index("rule: certifies nothing before traffic"), last
+    assert "on probation from the first request" in last and "checked by the model after the response" in last, last
     try:
         page = signed_in(browser, strata, ADMIN_TOKEN)
         card = page.locator('.intents-card[data-category="console"]')
         assert eventually(lambda: (page.goto(strata + "/console/intents"), card.count())[1], timeout=15)
-        why = card.locator(".why-nothing").inner_text()
-        assert "Why it serves nothing" in why and "62 phrasings per intent" in why and "already sets aside" in why, why
-        # Its rule on trial, and how far (no pair answered yet: nothing asked in this category).
-        assert "on trial: 0 pairs the model answered, 0 wrong; serves nothing yet" in card.inner_text(), card.inner_text()
+        promise = card.locator(".promise").inner_text()
+        assert "Before traffic, from the file: nothing certified" in promise and "Over traffic, from the record" in promise, \
+            promise
+        # On probation, and how far (nothing asked in this category yet).
+        assert "certified nothing before traffic; on probation from" in card.inner_text(), card.inner_text()
+        assert "0 checked hits, 0 wrong" in card.inner_text(), card.inner_text()
         rows = card.locator(".intent-list tr.intent-row")
         assert rows.count() == 8 and all(r.split("\t")[1] == "6" for r in rows.all_inner_texts()), rows.all_inner_texts()
         shot(page, "intents-small-file")

@@ -399,3 +399,55 @@ def test_a_small_files_rule_serves_once_the_models_answers_show_the_bound(
         [(r["question"], r["date"][-12:], r["x-cache"], r.get("x-cache-verdict"), r.get("x-cache-similarity")) for r in replies]
     assert run_cli("intents", "remove", "--category", "learn_intents_trial", env=env).returncode == 0
     fake_upstream.reset()
+
+
+def test_a_small_file_serves_on_probation_from_the_first_request_checked_and_stopped_by_its_record(
+        strata: str, redis_url: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream, tmp_path: Path) -> None:
+    """Issue #62 item 1: 40 phrasings certify nothing before traffic, yet the rule serves from the
+    confidence the file's cross-validation showed, on probation: each hit of a model's answer is
+    checked by the model after the response and counted on its intent's record; an intent whose
+    record shows more than the bound stops, the others go on."""
+    probation = {"X-Cache-Category": "learn_intents_probation"}
+    env = {"STRATA_REDIS_URL": redis_url}
+    fake_upstream.reset()
+    refund = "Open Orders, choose the order and press Request refund; the money is back within five days."
+    invoice = "Invoices are under Orders, Download invoice; a company invoice needs your tax number."
+    fake_upstream.answers.update({"i want a refund for my order": refund, "can you refund my order": refund,
+                                  "please send me an invoice": invoice, "send me the invoice please": invoice})
+    loaded = run_cli("intents", "load", str(team_file(tmp_path)), "--category", "learn_intents_probation", env=env)
+    assert loaded.returncode == 0, (loaded.stdout, loaded.stderr)
+    said = loaded.stdout.strip().splitlines()[-1]
+    assert "certifies nothing before traffic" in said and "on probation from the first request" in said, said
+    assert eventually(lambda: [h for h in intents_on_health(strata) if h["category"] == "learn_intents_probation"],
+                      timeout=15), intents_on_health(strata)
+    assert ask(strata, "i want a refund for my order", headers=probation).headers["x-cache"] == "miss"
+    served = ask(strata, "can you refund my order", headers=probation)
+    assert served.headers["x-cache"] == "semantic-hit" and served.headers["x-cache-verdict"] == "intent_probation", \
+        dict(served.headers)
+    assert served.json()["choices"][0]["message"]["content"] == refund
+    # Checked after the response: the model agreed, a clean check on the intent's record.
+    pool = pool_key(redis_sync, "learn_intents_probation")
+    assert eventually(lambda: redis_sync.hget(pool, "intent_probation_ok_of:refund") == b"1"), redis_sync.hgetall(pool)
+    # Two wrong checks of the intent's first ten: its record shows more than 1% (anytime-valid):
+    # stopped; another intent goes on.
+    redis_sync.hset(pool, mapping={"intent_probation_wrong_of:refund": 2, "intent_probation_ok_of:refund": 3})
+    questions = [f"{polite} refund my order {tail}".strip() for tail in ("", "please", "today", "soon")
+                 for polite in ("could you", "would you", "kindly", "go ahead and")]
+    fake_upstream.answers.update(dict.fromkeys(questions, refund))
+    asked = iter(questions)
+    verdicts: list[str | None] = []
+
+    def no_longer_on_probation() -> bool:
+        question = next(asked, None)
+        if question is None:
+            return True
+        verdicts.append(ask(strata, question, headers=probation).headers.get("x-cache-verdict"))
+        return verdicts[-1] != "intent_probation"
+
+    # (A worker re-reads the pool within a second: asked until it has.)
+    assert eventually(no_longer_on_probation, timeout=15) and verdicts[-1] != "intent_probation", verdicts
+    assert ask(strata, "please send me an invoice", headers=probation).headers["x-cache"] == "miss"
+    other = ask(strata, "send me the invoice please", headers=probation)
+    assert other.headers.get("x-cache-verdict") == "intent_probation", dict(other.headers)
+    assert run_cli("intents", "remove", "--category", "learn_intents_probation", env=env).returncode == 0
+    fake_upstream.reset()

@@ -28,18 +28,33 @@ from app.cache.decision.rules import (
     rules_for,
 )
 from app.cache.decision.stats import PooledCounts
-from app.cache.decision.verify import INTENT_DIFFERS, INTENT_MATCH, INTENT_TRIAL, CandidateCheck, ThresholdVerifier
+from app.cache.decision.verify import (
+    INTENT_DIFFERS,
+    INTENT_MATCH,
+    INTENT_PROBATION,
+    INTENT_TRIAL,
+    CandidateCheck,
+    ThresholdVerifier,
+)
 from app.cache.readers.oracle import OracleReader
 from app.cache.storage.contract import Nearest
 from app.cache.storage.intents import HeadMeta, IntentGuess, IntentHead
-from app.cache.storage.keys import FIELD_INTENT, FIELD_INTENT_CONFIDENCE, FIELD_QUESTION, FIELD_SOURCE, SOURCE_MODEL
+from app.cache.storage.keys import (
+    FIELD_INTENT,
+    FIELD_INTENT_CHECKED,
+    FIELD_INTENT_CONFIDENCE,
+    FIELD_QUESTION,
+    FIELD_SOURCE,
+    SOURCE_FAQ,
+    SOURCE_MODEL,
+)
 from app.policy import AdaptiveSemantic
 from app.settings import PROJECT_ROOT
 
 
 def kinds(policy: AdaptiveSemantic, reader: object = None) -> list[type]:
     return [type(rule) for rule in rules_for(policy, CandidateCheck(ThresholdVerifier()), None, reader,  # type: ignore[arg-type]
-                                             lambda name, verdict: None)]
+                                             lambda name, verdict: None, lambda: 0.5)]
 
 
 def test_a_categorys_rules_come_from_its_policy_in_one_order() -> None:
@@ -105,16 +120,18 @@ class NoRedis:
 
 
 def small_file_facts(trial: tuple[int, int], confidence: float = 0.95, cached_confidence: float = 0.95,
-                     record: dict[str, int] | None = None) -> Facts:
+                     record: dict[str, int] | None = None, probation: float = 1.01, threshold: float = 1.01,
+                     source: str = SOURCE_MODEL, checked: bool = False) -> Facts:
     counts = PooledCounts(record or {"intent_trial_ok:95": trial[0], "intent_trial_wrong:95": trial[1]})
 
     async def read() -> PooledCounts:
         return counts
 
-    guess = IntentGuess(intent="refund", confidence=confidence, confident=False, shared=True, threshold=1.01,
-                        likely={"refund": confidence})
+    guess = IntentGuess(intent="refund", confidence=confidence, confident=confidence >= threshold, shared=True,
+                        threshold=threshold, likely={"refund": confidence}, probation=probation)
     row = Nearest("doc", 0.7, {FIELD_QUESTION: "i want my money back", FIELD_INTENT: "refund",
-                               FIELD_INTENT_CONFIDENCE: str(cached_confidence), FIELD_SOURCE: SOURCE_MODEL})
+                               FIELD_INTENT_CONFIDENCE: str(cached_confidence), FIELD_SOURCE: source,
+                               **({FIELD_INTENT_CHECKED: "1"} if checked else {})})
     # What the rules read of the query: its category's policy.
     query = SimpleNamespace(category=SimpleNamespace(semantic=AdaptiveSemantic(error_bound=0.01)))
     return Facts(query=query, question="can i get a refund", row=row, root="doc", score=0.7,  # type: ignore[arg-type]
@@ -125,7 +142,7 @@ def test_a_small_files_rule_is_on_trial_until_the_models_answers_show_the_bound(
     """Issue #58 item 6: a head that certified nothing serves nothing, but the pairs it would serve
     at 0.9 are answered by the model and counted; once that record shows the category's bound
     (1% at 95%: 299 clean pairs; the traffic itself, so no share of it), it serves them."""
-    trial, match = IntentTrial(), IntentMatch(EntryVeto(NoRedis()))  # type: ignore[arg-type]
+    trial, match = IntentTrial(), IntentMatch(EntryVeto(NoRedis()), lambda: 0.5)  # type: ignore[arg-type]
 
     def run(rule: object, facts: Facts) -> Ruling | None:
         return asyncio.run(rule(facts))  # type: ignore[operator]
@@ -149,3 +166,80 @@ def test_a_small_files_rule_is_on_trial_until_the_models_answers_show_the_bound(
     mixed = {"intent_trial_ok:97": 400, "intent_trial_wrong:95": 5}
     assert run(match, small_file_facts((0, 0), confidence=0.98, cached_confidence=0.98, record=mixed)) is not None
     assert run(match, small_file_facts((0, 0), record=mixed)) is None
+
+
+def test_a_small_file_serves_on_probation_from_its_first_request_and_every_hit_is_checked() -> None:
+    """Issue #62 item 1: a head that certified nothing serves from the confidence its file's
+    cross-validation showed, each hit of a model's answer checked after the response and counted
+    on its intent's probation record; the trial is for heads loaded before probation."""
+    trial, match = IntentTrial(), IntentMatch(EntryVeto(NoRedis()), lambda: 0.5)  # type: ignore[arg-type]
+
+    def run(rule: object, facts: Facts) -> Ruling | None:
+        return asyncio.run(rule(facts))  # type: ignore[operator]
+
+    first = run(match, small_file_facts((0, 0), probation=0.9))
+    assert first is not None and first.verdict.accepted and first.verdict.reason == INTENT_PROBATION
+    assert first.check_after and first.probation and first.vouched == ""
+    assert run(trial, small_file_facts((0, 0), probation=0.9)) is None
+    # Below the probation confidence on either side: nothing.
+    assert run(match, small_file_facts((0, 0), probation=0.96)) is None
+    assert run(match, small_file_facts((0, 0), probation=0.9, cached_confidence=0.85)) is None
+    # A team's answer stands for its intent (1.0 at load) and is not checked by the model.
+    team = run(match, small_file_facts((0, 0), probation=0.9, cached_confidence=1.0, source=SOURCE_FAQ))
+    assert team is not None and team.verdict.reason == INTENT_PROBATION and not team.check_after
+    # So does an entry whose check agreed for its intent, however unsure the head was of its question.
+    checked = run(match, small_file_facts((0, 0), probation=0.9, cached_confidence=0.5, checked=True))
+    assert checked is not None and checked.verdict.accepted
+    # At or above a certified threshold: served as a match, not on probation.
+    certified = run(match, small_file_facts((0, 0), probation=0.9, threshold=0.94))
+    assert certified is not None and certified.verdict.reason == INTENT_MATCH
+
+
+def test_probation_stops_an_intent_whose_checks_show_more_than_the_bound_and_thins_once_certified() -> None:
+    """An intent stops as soon as its own record shows more than the category's bound (an
+    anytime-valid test: two wrong of its first ten checks), the others go on; the rule stops when
+    the intents left show it; once the record certifies the bound, checks are a drawn sample."""
+    def run(facts: Facts, draw: float = 0.5) -> Ruling | None:
+        return asyncio.run(IntentMatch(EntryVeto(NoRedis()), lambda: draw)(facts))  # type: ignore[arg-type]
+
+    stopped = {"intent_probation_ok_of:refund": 8, "intent_probation_wrong_of:refund": 2,
+               "intent_probation_ok_of:invoice": 40}
+    assert run(small_file_facts((0, 0), probation=0.9, record=stopped)) is None
+    # One wrong of its first check is not yet enough (an e-value of about 11 against 20).
+    once = run(small_file_facts((0, 0), probation=0.9, record={"intent_probation_wrong_of:refund": 1}))
+    assert once is not None and once.verdict.accepted
+    # Another intent's record stopped; this one's clean: served.
+    other = {"intent_probation_ok_of:invoice": 8, "intent_probation_wrong_of:invoice": 2,
+             "intent_probation_ok_of:refund": 30}
+    assert run(small_file_facts((0, 0), probation=0.9, record=other)) is not None
+    # The intents left together over the bound: the rule stops on probation.
+    spread = {f"intent_probation_{'wrong' if i < 6 else 'ok'}_of:i{i}": 1 for i in range(40)}
+    spread.update({f"intent_probation_ok_of:i{i}": 1 for i in range(6)})
+    assert run(small_file_facts((0, 0), probation=0.9, record=spread)) is None
+    # Certified (clean checks enough): a hit is checked only when the draw falls in the sample.
+    clean = {"intent_probation_ok_of:refund": 400}
+    thinned = run(small_file_facts((0, 0), probation=0.9, record=clean), draw=0.5)
+    assert thinned is not None and thinned.verdict.accepted and not thinned.check_after
+    sampled = run(small_file_facts((0, 0), probation=0.9, record=clean), draw=0.05)
+    assert sampled is not None and sampled.check_after and sampled.probation
+
+
+def test_the_probation_tests_hold_their_risk_however_often_they_are_read() -> None:
+    """The e-values are read after every check: under a wrong share at the bound, the share of
+    simulated records that ever cross 1 / delta stays under delta (Ville), where the exact
+    binomial test read after every check crosses far more often."""
+    from app.cache.decision.stats import binomial_tail, evidence_above, evidence_within
+
+    rng = np.random.default_rng(7)
+    bound, delta, checks, runs = 0.01, 0.05, 500, 300
+    stopped = certified = peeked = 0
+    for _ in range(runs):
+        wrong_at = np.cumsum(rng.random(checks) < bound)
+        stopped += any(evidence_above(int(w), n + 1, bound) >= 1 / delta for n, w in enumerate(wrong_at))
+        # The exact test of "wrong share <= bound" (P(X >= wrong)), read after every check.
+        peeked += any(w > 0 and 1 - binomial_tail(int(w) - 1, n + 1, bound) <= delta for n, w in enumerate(wrong_at))
+    for _ in range(runs):
+        wrong_at = np.cumsum(rng.random(checks) < bound)
+        certified += any(evidence_within(int(w), n + 1, bound) >= 1 / delta for n, w in enumerate(wrong_at))
+    assert stopped / runs <= delta and certified / runs <= delta
+    assert peeked / runs > delta  # the fixed-sample test, read after every check, is not valid so

@@ -102,7 +102,8 @@ class AdaptiveDecision:
         self._keys = keys
         self._check = check
         self.pooled = pooled
-        self._explore = Explore(random.Random(seed).random)
+        self._draw = random.Random(seed).random
+        self._explore = Explore(self._draw)
         self.reader = reader
         self._on_read = on_read or (lambda reader, verdict: None)
         self._rules: dict[AdaptiveSemantic, tuple[Rule, ...]] = {}
@@ -111,7 +112,8 @@ class AdaptiveDecision:
         """The category's ordered rules (built once per policy)."""
         rules = self._rules.get(policy)
         if rules is None:
-            rules = self._rules[policy] = rules_for(policy, self._check, self._redis, self.reader, self._on_read)
+            rules = self._rules[policy] = rules_for(policy, self._check, self._redis, self.reader, self._on_read,
+                                                        self._draw)
         return rules
 
     async def decide(self, query: CacheQuery, question: str, rows: Sequence[Nearest],
@@ -213,8 +215,9 @@ class AdaptiveDecision:
             vouched=ruling.vouched, read=ruling.read_later,
             reader_said_no=self._explore.reader_no_kept(ruling, policy),
             refused="" if verdict.accepted else verdict.reason,
-            intent=facts.asked_intent.intent if ruling.vouched == VOUCH_INTENT and facts.asked_intent else "",
-            trial_bin=ruling.trial_bin)
+            intent=facts.asked_intent.intent if (ruling.vouched == VOUCH_INTENT or ruling.probation)
+            and facts.asked_intent else "",
+            trial_bin=ruling.trial_bin, probation=ruling.probation)
         if self._explore.explored(ruling, candidate.source, policy):
             return msgspec.structs.replace(candidate, explored=True)
         if verdict.accepted:

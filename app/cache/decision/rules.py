@@ -29,6 +29,8 @@ from app.cache.decision.stats import (
     binomial_tail,
     entry_record_fields,
     entry_vouches,
+    evidence_above,
+    evidence_within,
     milli,
     prior_has_evidence,
     reader_trusted,
@@ -43,6 +45,7 @@ from app.cache.decision.verify import (
     ENTRY_RECORD,
     INTENT_DIFFERS,
     INTENT_MATCH,
+    INTENT_PROBATION,
     INTENT_TRIAL,
     INTENT_UNCHECKED,
     OUTSIDE_BOUND,
@@ -89,6 +92,8 @@ class Ruling(msgspec.Struct, frozen=True, kw_only=True):
         trial_bin: A pair the intent rule would serve, had its head certified anything: the
             model's answer counts on the rule's trial record too, in this hundredth of the pair's
             lower confidence (:class:`IntentTrial`); -1: none.
+        probation: Served by the intent rule on probation and checked: the model's answer,
+            asked after the response, counts on the intent's probation record.
     """
 
     verdict: Verdict
@@ -97,6 +102,7 @@ class Ruling(msgspec.Struct, frozen=True, kw_only=True):
     read_later: bool = False
     check_after: bool = False
     trial_bin: int = -1
+    probation: bool = False
 
 
 def serve(reason: str, vouched: str = "", *, check_after: bool = False) -> Ruling:
@@ -166,6 +172,17 @@ class Facts:
         confidence); ("", 0.0) for a document stored before the head."""
         fields = self.row.fields
         return as_text(fields.get(FIELD_INTENT)) or "", float(as_text(fields.get(FIELD_INTENT_CONFIDENCE)) or 0.0)
+
+    @property
+    def cached_standing(self) -> tuple[str, float]:
+        """The cached side as the intent rule reads it: the head's reading, or, where evidence
+        says which intent the answer stands for, that intent at full confidence: a team's answer
+        (labelled 1.0 at load) or an entry whose answer a check agreed with for its intent."""
+        intent, confidence = self.cached_reading
+        if intent and self.is_entry and as_text(self.row.fields.get(FIELD_INTENT_CHECKED)) \
+                and not as_text(self.row.fields.get(FIELD_INTENT_REFUTED)):
+            return intent, 1.0
+        return intent, confidence
 
     @property
     def is_entry(self) -> bool:
@@ -394,45 +411,115 @@ class IntentMatch(Rule):
     ``intent_first_check``, the first hit it serves from an entry of the model's answers is
     checked off the request path: the model is asked the same question after the response, and
     its answer marks the entry checked or refuted (an answer wrong for its intent then reaches
-    one asker, where unchecked it would reach every later asker of the intent until explored)."""
+    one asker, where unchecked it would reach every later asker of the intent until explored).
+
+    Below the certified confidence (or with none certified: a small file), down to the one the
+    file's own cross-validation showed within the bound (the head's ``probation``), the rule
+    serves on probation: each hit of a model's answer is checked by the model after the
+    response and counts on its intent's probation record; an intent whose record shows more
+    than the category's bound is stopped, and so is the rule when the intents left show it
+    (:func:`probation_watch`, anytime-valid); once the record certifies the bound, checks thin
+    to ``intent_check_sample``. The cached side counts at full confidence where evidence says
+    which intent it stands for (:attr:`Facts.cached_standing`)."""
 
     name = "intent match"
-    reasons = (INTENT_MATCH, INTENT_UNCHECKED, WRONG_BEFORE)
+    reasons = (INTENT_MATCH, INTENT_PROBATION, INTENT_UNCHECKED, WRONG_BEFORE)
     reads = ("the head's reading of the asked question; the document's `intent`, `intent_confidence`, `intent_refuted` "
-             "(and its entry's, and the entry's `intent_checked`); the pool's `intent_*:<bin>` and `intent_*_of:<intent>`, "
-             "and for a head that certified nothing its `intent_trial_*:<hundredth>`")
+             "(and its entry's, and the entry's `intent_checked`); the pool's `intent_*:<bin>`, `intent_*_of:<intent>` "
+             "and `intent_probation_*_of:<intent>`, and for a head loaded without a probation threshold its "
+             "`intent_trial_*:<hundredth>`")
     counts = ("`intent_ok:<bin>`/`intent_wrong:<bin>` and `intent_ok_of:<intent>`/`intent_wrong_of:<intent>` when "
               "explored or marked wrong, never the pool's bins; a wrong marks the document and its entry `intent_refuted`, "
-              "a right one `intent_checked` (also the model's answer to an entry's first hit, asked after the response)")
+              "a right one `intent_checked` (also the model's answer to an entry's first hit, asked after the response); "
+              "a checked probation hit `intent_probation_ok_of:<intent>`/`intent_probation_wrong_of:<intent>`")
 
-    def __init__(self, entry_veto: EntryVeto) -> None:
+    def __init__(self, entry_veto: EntryVeto, draw: Callable[[], float]) -> None:
         self._entry_veto = entry_veto
+        self._draw = draw
 
     async def __call__(self, facts: Facts) -> Ruling | None:
         guess = facts.asked_intent
         if guess is None or not guess.shared:
             return None
-        cached, cached_confidence = facts.cached_reading
+        cached, cached_confidence = facts.cached_standing
         if not intent_rule_serves(guess.intent, guess.confidence, cached, cached_confidence,
-                                  min(guess.threshold, TRIAL_CONFIDENCE)):
-            return None  # below what it could serve at, calibrated or on trial: no pool read
-        threshold = await serving_threshold(facts, guess)
-        if threshold is None or min(guess.confidence, cached_confidence) < threshold:
-            return None
+                                  min(guess.lowest, TRIAL_CONFIDENCE)):
+            return None  # below what it could serve at, calibrated, on probation or on trial: no pool read
+        sure = min(guess.confidence, cached_confidence)
+        on_probation = sure < guess.threshold
+        if on_probation and (sure < guess.probation or not facts.policy.intent_probation):
+            threshold = await serving_threshold(facts, guess)  # a head loaded before probation: its trial
+            if threshold is None or sure < threshold:
+                return None
+            on_probation = False
+        counts = await facts.counts()
         # The tenant's measured intent hits: the calibration stands, for this intent and overall.
-        if not intents_refuted(await facts.counts(), facts.policy).serves(guess.intent):
+        if not intents_refuted(counts, facts.policy).serves(guess.intent):
+            return None
+        watch = probation_watch(counts, facts.policy) if on_probation else None
+        if watch is not None and not watch.serves(guess.intent):
             return None
         standing = await self._entry_veto.vetoed_for_intent(facts)
         if standing.refuted:
             return None  # its answer was measured wrong for its intent: the rules after this one decide
         if standing.vetoed:
             return refuse(WRONG_BEFORE)
+        if watch is not None:
+            # A team's answer is not judged by the model's: its record is the askers' feedback.
+            checked = source_of(facts.row) == SOURCE_MODEL and (
+                not watch.certified or self._draw() < facts.policy.intent_check_sample)
+            return Ruling(verdict=Verdict(True, INTENT_PROBATION), check_after=checked, probation=checked)
         unchecked = check_after_serving(facts, standing)
         if unchecked and facts.policy.intent_trusted_only:
             # Not trusted yet: the model answers this asker, and its answer checks the entry.
             return Ruling(verdict=Verdict(False, INTENT_UNCHECKED), check_after=True)
         # Served now; the model is asked the same question off the request path (once per entry).
         return serve(INTENT_MATCH, VOUCH_INTENT, check_after=unchecked)
+
+
+class ProbationWatch(msgspec.Struct, frozen=True, kw_only=True):
+    """What the probation record says (anytime-valid: read after every check, each test holds
+    its risk).
+
+    Attributes:
+        stopped: Intents whose own checked hits show more than the category's bound.
+        suspended: The intents left show it together: the rule serves nothing on probation.
+        certified: The intents left certify the bound: checks thin to ``intent_check_sample``.
+        wrong: Wrong checked hits of the intents left.
+        total: Checked hits of the intents left.
+    """
+
+    stopped: tuple[str, ...] = ()
+    suspended: bool = False
+    certified: bool = False
+    wrong: int = 0
+    total: int = 0
+
+    def serves(self, intent: str) -> bool:
+        return not self.suspended and intent not in self.stopped
+
+
+def probation_watch(counts: PooledCounts, policy: AdaptiveSemantic) -> ProbationWatch:
+    """The probation record under watch: per intent, and for the intents left together, the
+    e-value against "wrong share <= the category's bound" (:func:`evidence_above`) stops at
+    ``1 / delta``; the intents left certify the bound when the e-value against "wrong share >=
+    the bound" (:func:`evidence_within`) reaches it. The category's bound, not the calibration's
+    share of it: the record is the traffic itself. Memoised on the counts (read once a second)."""
+    memo = counts.memo.get(("probation", policy))
+    if isinstance(memo, ProbationWatch):
+        return memo
+    delta = risk_level(policy.confidence, policy.intent_confidence)
+    bound = policy.error_bound
+    stopped = tuple(sorted(intent for intent, (right, wrong) in counts.on_probation.items()
+                           if evidence_above(wrong, right + wrong, bound) >= 1 / delta))
+    left = [(right, wrong) for intent, (right, wrong) in counts.on_probation.items() if intent not in stopped]
+    wrong = sum(w for _, w in left)
+    total = wrong + sum(r for r, _ in left)
+    suspended = evidence_above(wrong, total, bound) >= 1 / delta
+    watch = ProbationWatch(stopped=stopped, suspended=suspended, wrong=wrong, total=total,
+                           certified=not suspended and evidence_within(wrong, total, bound) >= 1 / delta)
+    counts.memo[("probation", policy)] = watch
+    return watch
 
 
 # At most this many intents are set aside one by one before the tenant's whole record decides
@@ -549,8 +636,9 @@ class IntentTrial(Rule):
 
     async def __call__(self, facts: Facts) -> Ruling | None:
         guess = facts.asked_intent
-        if guess is None or guess.threshold <= 1.0 or not guess.shared or source_of(facts.row) != SOURCE_MODEL:
-            return None
+        if guess is None or guess.threshold <= 1.0 or guess.probation <= 1.0 or not guess.shared \
+                or source_of(facts.row) != SOURCE_MODEL:
+            return None  # certified, or on probation: the trial is for heads loaded before probation
         cached, cached_confidence = facts.cached_reading
         if not intent_rule_serves(guess.intent, guess.confidence, cached, cached_confidence, TRIAL_CONFIDENCE):
             return None
@@ -601,11 +689,11 @@ class OutsideBound(Rule):
 
 
 def rules_for(policy: AdaptiveSemantic, check: CandidateCheck, redis: Redis, reader: Reader | None,
-              on_read: Callable[[str, str], None]) -> tuple[Rule, ...]:
+              on_read: Callable[[str, str], None], draw: Callable[[], float]) -> tuple[Rule, ...]:
     """The ordered rules of an adaptive category: the one place the list is built."""
     entry_veto, prior_zone = EntryVeto(redis), PriorZone(check)
     rules: list[Rule] = [Guards(check), DocumentVeto(), CuratedWording(entry_veto), IntentVeto(),
-                         IntentMatch(entry_veto), Pool(prior_zone, entry_veto)]
+                         IntentMatch(entry_veto, draw), Pool(prior_zone, entry_veto)]
     if policy.entry_confirmations > 0:
         rules.append(EntryRecord(redis, prior_zone))
     rules.append(IntentTrial())
@@ -631,7 +719,9 @@ class Explore(Described):
 
     def explored(self, ruling: Ruling, source: str, policy: AdaptiveSemantic) -> bool:
         # A model's answer does not judge a curated one.
-        rate = policy.explore if source == SOURCE_MODEL and ruling.verdict.reason != ENTRY_RECORD else 0.0
+        # A probation hit is checked (or sampled for a check) by the intent rule itself.
+        rate = policy.explore if source == SOURCE_MODEL and ruling.verdict.reason not in (ENTRY_RECORD, INTENT_PROBATION) \
+            else 0.0
         return ruling.verdict.accepted and bool(rate) and self._draw() < rate
 
     def reader_no_kept(self, ruling: Ruling, policy: AdaptiveSemantic) -> bool:

@@ -23,6 +23,8 @@ from app.cache.storage.keys import (
     OBS_EXPLORED_WRONG,
     OBS_INTENT_OK,
     OBS_INTENT_OK_OF,
+    OBS_INTENT_PROBATION_OK_OF,
+    OBS_INTENT_PROBATION_WRONG_OF,
     OBS_INTENT_TRIAL_OK,
     OBS_INTENT_TRIAL_WRONG,
     OBS_INTENT_WRONG,
@@ -128,6 +130,50 @@ def risk_level(confidence: float, intent_confidence: float = 0.95) -> float:
     return min(1.0 - intent_confidence, 1.0 - confidence)
 
 
+# The bets of the anytime-valid tests of a probation record (app/cache/decision/rules.py). Each
+# bet makes a test martingale whose value depends on the counts alone (a product of one factor
+# per check, in any order), and so does their average: read after every check, it crosses
+# 1 / delta with probability at most delta when the null holds (Ville's inequality), however
+# often it is read. A fixed-sample test read again and again has no such bound.
+# Against "wrong share <= bound": bets sized for traffic 2x to 33x the bound (Kelly's bet for a
+# wrong share p is (p - bound) / (bound (1 - bound))), each at most half of 1 / bound.
+STOP_BETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
+# Against "wrong share >= bound": fractions of the largest bet, 1 / (1 - bound) (a clean check
+# then multiplies by 1 / (1 - bound): 299 clean checks at 1% reach 20 alone, 436 averaged so).
+CERTIFY_BETS = (0.5, 0.8, 0.95)
+
+
+def _mixture(wrong: int, total: int, on_wrong: list[float], on_right: list[float]) -> float:
+    logs = [wrong * math.log(w) + (total - wrong) * math.log(r) if w > 0 or wrong == 0 else -math.inf
+            for w, r in zip(on_wrong, on_right, strict=True)]
+    top = max(logs)
+    if top == -math.inf:
+        return 0.0
+    return math.exp(top) * sum(math.exp(x - top) for x in logs) / len(logs) if top < 700 else math.inf
+
+
+def evidence_above(wrong: int, total: int, bound: float) -> float:
+    """An e-value against "the wrong share is at most ``bound``" from ``wrong`` of ``total``
+    checks: at ``1 / delta`` or more, the record shows more than the bound (anytime-valid)."""
+    bets = [min(bet, 0.5 / bound) for bet in STOP_BETS]
+    return _mixture(wrong, total, [1 + b * (1 - bound) for b in bets], [1 - b * bound for b in bets])
+
+
+def evidence_within(wrong: int, total: int, bound: float) -> float:
+    """An e-value against "the wrong share is at least ``bound``": at ``1 / delta`` or more, the
+    record certifies the bound (anytime-valid)."""
+    bets = [share / (1 - bound) for share in CERTIFY_BETS]
+    return _mixture(wrong, total, [1 - b * (1 - bound) for b in bets], [1 + b * bound for b in bets])
+
+
+def clean_checks_to_certify(bound: float, delta: float) -> int:
+    """Clean checks in a row that certify ``bound`` at ``delta`` (:func:`evidence_within`)."""
+    n = 0
+    while evidence_within(0, n, bound) < 1 / delta:
+        n += 1
+    return n
+
+
 def z_of(confidence: float) -> float:
     """One-sided z of a confidence level (0.85 -> 1.04)."""
     return NormalDist().inv_cdf(confidence)
@@ -155,6 +201,8 @@ class PooledCounts:
         binned = {kind: np.zeros(BINS + 1) for kind in _BINNED_KINDS}
         # The team's intent rule's measured hits per intent: (right, wrong).
         self.of_intent: dict[str, tuple[int, int]] = {}
+        # Its hits checked on probation per intent: (right, wrong).
+        self.on_probation: dict[str, tuple[int, int]] = {}
         for name, count in fields.items():
             kind, _, number = name.partition(":")
             if number.isdigit() and int(number) < BINS and kind in binned:
@@ -162,7 +210,13 @@ class PooledCounts:
             elif kind in (OBS_INTENT_OK_OF, OBS_INTENT_WRONG_OF) and number:
                 right, wrong = self.of_intent.get(number, (0, 0))
                 self.of_intent[number] = (right + count, wrong) if kind == OBS_INTENT_OK_OF else (right, wrong + count)
+            elif kind in (OBS_INTENT_PROBATION_OK_OF, OBS_INTENT_PROBATION_WRONG_OF) and number:
+                right, wrong = self.on_probation.get(number, (0, 0))
+                self.on_probation[number] = ((right + count, wrong) if kind == OBS_INTENT_PROBATION_OK_OF
+                                             else (right, wrong + count))
         self._suffix = {kind: np.cumsum(counts[::-1])[::-1] for kind, counts in binned.items()}
+        # What the rules derive from these counts, kept with them (they are read once a second).
+        self.memo: dict[object, object] = {}
         self.ok, self.wrong = self._suffix[OBS_OK], self._suffix[OBS_WRONG]
         self.explored_ok = fields.get(OBS_EXPLORED_OK, 0)
         self.explored_wrong = fields.get(OBS_EXPLORED_WRONG, 0)

@@ -79,6 +79,10 @@ INTENT_UNCHECKED = "intent_unchecked"
 # The team's head certified nothing, and the intent rule is on trial: the row is one it would
 # serve; the model answers, and its answer counts on the rule's trial record (issue #58 item 6).
 INTENT_TRIAL = "intent_trial"
+# Both questions read as one of the team's intents at the threshold its file's cross-validation
+# showed, below a certified one (or with none certified): served on probation, the model asked
+# after the response, and the intent's record, read by an anytime-valid test, can stop it.
+INTENT_PROBATION = "intent_probation"
 # A review item, not a verdict: the intent rule served a cached answer, and the model's answer to
 # the same question, asked after the response to check the entry, differed from it.
 CHECK_DISAGREED = "check_disagreed"

@@ -35,7 +35,16 @@ from app.cache.learning.observations import Observation, ObservationWriter
 from app.cache.learning.receipts import InvalidReceipt, Receipt, ResponseIds
 from app.cache.storage.contract import SharedRedis
 from app.cache.storage.invalidation import AuditLog, Invalidated
-from app.cache.storage.keys import FIELD_INTENT, VOUCH_INTENT, as_text, intent_field, observation_field, verdict_key
+from app.cache.storage.keys import (
+    FIELD_INTENT,
+    VOUCH_INTENT,
+    VOUCH_PROBATION,
+    as_text,
+    intent_field,
+    observation_field,
+    probation_field,
+    verdict_key,
+)
 
 logger = logging.getLogger("strata.feedback")
 
@@ -166,6 +175,11 @@ class Feedback:
                 # ...and against its intent (the document's, which the rule served on).
                 intent = as_text(await target.redis.hget(served.document, FIELD_INTENT))
                 rules += (intent_field(False, intent),) if intent else ()
+            elif wrong and served.rule == VOUCH_PROBATION:
+                # A hit served on probation: a "wrong" counts on its intent's probation record (a
+                # "right" does not: askers who answer at all are not a fair sample of the hits).
+                intent = as_text(await target.redis.hget(served.document, FIELD_INTENT))
+                rules = (probation_field(False, intent),) if intent else ()
             await target.observations.record(Observation.FEEDBACK, served.version, served.category, served.tenant,
                                              document=served.document, root=served.root, similarity=served.similarity,
                                              score_bin=served.score_bin, same=not wrong, rules=rules)

@@ -169,14 +169,20 @@ def best_bound_shown(phrasings: int, delta: float = DELTA, tests: int = 1) -> fl
     return float(1.0 - (delta / tests) ** (1.0 / max(1, phrasings)))
 
 
-def why_it_serves_nothing(*, intents: int, phrasings: int, bound: float, delta: float, share: float = 1.0) -> str:
+def why_it_serves_nothing(*, intents: int, phrasings: int, bound: float, delta: float, share: float = 1.0,
+                          on_probation: bool = False) -> str:
     """In plain words, why a calibration certified nothing and what would change that (``bound``:
-    the intent rule's, ``share`` of the category's ``error_bound``)."""
+    the intent rule's, ``share`` of the category's ``error_bound``); ``on_probation``: the rule
+    serves on probation meanwhile (said after this)."""
     tests = len(CHAIN_STARTS)
     needed = fewest_to_show(bound, delta, tests)
     best = best_bound_shown(phrasings, delta, tests)
     per_intent = math.ceil(needed / max(1, intents))
     needed_on_trial = fewest_to_show(bound / share, delta)  # on the traffic itself: the category's bound
+    if on_probation:
+        return (f"certifies nothing before traffic: to promise at most {bound:.2%} wrong hits ({1 - delta:.0%} sure) "
+                f"from the file alone, its phrasings, each held out in turn, must be served at least {needed} times "
+                f"with none wrong; this file has {phrasings} ({phrasings / max(1, intents):.1f} per intent)")
     return (f"serves nothing yet. To promise at most {bound:.2%} wrong hits ({1 - delta:.0%} sure), the team's own "
             f"phrasings, each held out in turn, must be served at least {needed} times with none wrong; this file has "
             f"{phrasings} ({phrasings / max(1, intents):.1f} per intent), so the lowest it could show is {best:.1%} wrong, "
@@ -209,6 +215,14 @@ class Calibration(msgspec.Struct, frozen=True, kw_only=True):
     held_out: int
     unknown_served: int
     confused: list[tuple[int, int, int]] = msgspec.field(default_factory=list)
+    # The confidence the rule may serve from on probation (above 1: none), below ``threshold``:
+    # the lowest of the grid reached walking down from the most confident while the held-out
+    # replay's wrong share stays within the bound (a point estimate, not a guarantee: the
+    # traffic's checked record is the guarantee; app/cache/decision/rules.py).
+    probation: float = 1.01
+    # At that confidence: the held-out phrasings served and the wrong share among them.
+    probation_served: float = 0.0
+    probation_wrong: float = 0.0
 
 
 class Fold(msgspec.Struct, frozen=True, kw_only=True):
@@ -374,6 +388,16 @@ def calibrate(vectors: np.ndarray, labels: np.ndarray, classes: int, error_bound
                 break
             if tau < threshold:
                 threshold, served, wrong = tau, trial_served, trial_wrong
+    probation, probation_served, probation_wrong = 1.01, 0.0, 0.0
+    for share in GRID_SHARES:  # most confident first; stops at the first level over the bound
+        tau, trial_served, trial_wrong = trials[share]
+        served_count = int(trial_served.sum())
+        if served_count and int(trial_wrong.sum()) > error_bound * served_count:
+            break
+        if served_count and tau < threshold:
+            probation = tau
+            probation_served = float((trial_served & ~unknown).sum() / max(1, (~unknown).sum()))
+            probation_wrong = float(trial_wrong.sum() / served_count)
     known = ~unknown
     mixed: dict[tuple[int, int], int] = {}
     for fold in held:
@@ -386,4 +410,5 @@ def calibrate(vectors: np.ndarray, labels: np.ndarray, classes: int, error_bound
         threshold=threshold, accuracy=float(right[known].mean()) if known.any() else 0.0,
         served_share=float((served & known).sum() / max(1, known.sum())) if served.size else 0.0,
         held_out_wrong=float(wrong.sum() / max(1, served.sum())) if served.size else 0.0, held_out=len(labels),
-        unknown_served=int((served & unknown).sum()) if served.size else 0)
+        unknown_served=int((served & unknown).sum()) if served.size else 0,
+        probation=probation, probation_served=probation_served, probation_wrong=probation_wrong)

@@ -58,6 +58,7 @@ from app.cache.storage.keys import (
     intent_field,
     normalize_text,
     observation_field,
+    probation_field,
 )
 from app.embed import Embedder
 from app.policy import AdaptiveSemantic
@@ -334,6 +335,9 @@ class AnswerLearner:
         """The pool fields this answered candidate measures: the rule that vouched for it, and
         the reader's verdict if it reads it now (after the response, off the request path)."""
         rules = []
+        if candidate.probation:
+            # Every probation hit is checked (or a drawn share of them): they are the rule's record.
+            return (probation_field(same, candidate.intent),)
         if candidate.first_check:
             return ()  # a served hit's check is chosen, not drawn: it judges the entry, not the rule
         if candidate.vouched:

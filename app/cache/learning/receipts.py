@@ -34,9 +34,9 @@ from collections.abc import Sequence
 
 import msgspec
 
-from app.cache.decision.verify import INTENT_MATCH
+from app.cache.decision.verify import INTENT_MATCH, INTENT_PROBATION
 from app.cache.storage.contract import CacheHit, CacheQuery, SharedRedis
-from app.cache.storage.keys import RESPONSE_SECRET_KEY, VOUCH_INTENT
+from app.cache.storage.keys import RESPONSE_SECRET_KEY, VOUCH_INTENT, VOUCH_PROBATION
 
 logger = logging.getLogger("strata.receipts")
 
@@ -170,7 +170,7 @@ def _unpack(payload: bytes) -> Receipt:
 
 def rule_of(hit: CacheHit) -> str:
     """The rule feedback on a hit also counts against: the team's intents' (issue #46), or none."""
-    return VOUCH_INTENT if hit.reason == INTENT_MATCH else ""
+    return VOUCH_INTENT if hit.reason == INTENT_MATCH else VOUCH_PROBATION if hit.reason == INTENT_PROBATION else ""
 
 
 def _secret_id(secret: bytes) -> int:

@@ -156,6 +156,8 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
         trial_bin: A pair the intent rule would have served, had its head certified anything
             (``intent_trial``): the model's answer counts on the rule's trial record too, in
             this hundredth of the pair's lower confidence; -1: none.
+        probation: The intent rule served it on probation and asked for its check: the model's
+            answer counts on the probation record of ``intent``.
     """
 
     key: str
@@ -174,6 +176,7 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
     intent: str = ""
     first_check: bool = False
     trial_bin: int = -1
+    probation: bool = False
 
 
 class Verdict(msgspec.Struct, frozen=True):

@@ -116,6 +116,10 @@ class HeadMeta(msgspec.Struct, frozen=True, kw_only=True):
     # The index's similarity from which the rule looks beyond the band (-1: at any, as heads
     # loaded before the floor were calibrated).
     beyond_floor: float = -1.0
+    # The confidence the rule serves from on probation (above 1: none): what the file's own
+    # cross-validation showed within the bound, below the certified ``threshold`` or without one;
+    # each such hit is checked, and its intent's record can stop it (app/cache/decision/rules.py).
+    probation: float = 1.01
 
     @property
     def serving(self) -> bool:
@@ -157,6 +161,12 @@ class IntentGuess(msgspec.Struct, frozen=True, kw_only=True):
     beyond_band: bool = False
     beyond_floor: float = -1.0
     likely: dict[str, float] = msgspec.field(default_factory=dict)
+    probation: float = 1.01
+
+    @property
+    def lowest(self) -> float:
+        """The lowest confidence the intent rule may serve at: certified, or on probation."""
+        return min(self.threshold, self.probation)
 
     def chance_of(self, intent: str) -> float:
         """The head's probability that the question is of ``intent`` (0 under ``LIKELY_FLOOR``)."""
@@ -188,7 +198,7 @@ class IntentHead:
         likely = {self.meta.intents[j]: float(probabilities[j]) for j in np.flatnonzero(probabilities >= LIKELY_FLOOR)}
         return IntentGuess(intent=self.meta.intents[i], confidence=sure, confident=sure >= self.meta.threshold,
                            shared=self.meta.shared[i], threshold=self.meta.threshold, beyond_band=self.meta.beyond_band,
-                           beyond_floor=self.meta.beyond_floor, likely=likely)
+                           beyond_floor=self.meta.beyond_floor, likely=likely, probation=self.meta.probation)
 
     def to_hash(self) -> dict[str, bytes]:
         return {"meta": msgspec.json.encode(self.meta), "weights": self.weights.tobytes(), "bias": self.bias.tobytes()}

@@ -167,10 +167,18 @@ OBS_INTENT_WRONG_OF = "intent_wrong_of"
 # item 6): pairs it would have served had its head certified anything, answered by the model.
 OBS_INTENT_TRIAL_OK = "intent_trial_ok"
 OBS_INTENT_TRIAL_WRONG = "intent_trial_wrong"
+# ``intent_probation_ok_of:<intent>`` / ``intent_probation_wrong_of:<intent>``: the intent rule's
+# hits served on probation (a file too small to certify its threshold, or below the certified
+# one), checked by the model after the response; an intent, or the rule, stops once its record
+# shows more than the bound (an anytime-valid test: app/cache/decision/stats.py).
+OBS_INTENT_PROBATION_OK_OF = "intent_probation_ok_of"
+OBS_INTENT_PROBATION_WRONG_OF = "intent_probation_wrong_of"
 # The rules whose verdicts are counted so (a candidate's ``vouched``).
 VOUCH_RECORD = "record"
 VOUCH_READER = "reader"
 VOUCH_INTENT = "intent"
+# A hit the intent rule served on probation: feedback's "wrong" counts on its intent's probation record.
+VOUCH_PROBATION = "probation"
 
 # Request fields that never change what the model answers: left out of keys and scopes.
 NON_OUTPUT_FIELDS = frozenset(
@@ -327,6 +335,11 @@ def observation_field(result: str, score_bin: int) -> str:
 def intent_field(same: bool, intent: str) -> str:
     """``intent_wrong_of:card_lost``: one intent's measured intent hits in a tenant's pool."""
     return f"{OBS_INTENT_OK_OF if same else OBS_INTENT_WRONG_OF}:{intent}"
+
+
+def probation_field(same: bool, intent: str) -> str:
+    """``intent_probation_wrong_of:card_lost``: one intent's checked probation hits."""
+    return f"{OBS_INTENT_PROBATION_OK_OF if same else OBS_INTENT_PROBATION_WRONG_OF}:{intent}"
 
 
 # The keyspace of a single Redis (and of the tools that read one).
