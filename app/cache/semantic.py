@@ -155,11 +155,17 @@ class SemanticCache:
                     tracing.note(step, {tracing.CANDIDATES: len(rows)})
             guess = await self.read_intent(head, question, vector, query.canonical.tenant)
             beyond: list[Nearest] = []
-            if guess is not None and guess.confidence >= guess.lowest and guess.shared and guess.beyond_band and not any(
+            # Beyond the band: a head on a second embedder (its neighbourhoods are not the index's),
+            # and any head on probation (its hits are checked: where the band holds no cached
+            # question of the asked intent, paraphrases further out are what a small file serves).
+            on_probation = guess is not None and policy.intent_probation and guess.probation <= guess.confidence
+            if guess is not None and guess.confidence >= guess.lowest and guess.shared \
+                    and (guess.beyond_band or on_probation) and not any(
                     row.similarity >= policy.threshold and as_text(row.fields.get(FIELD_INTENT)) == guess.intent
                     for row in rows):
+                floor = guess.beyond_floor if guess.beyond_band else policy.intent_beyond_floor
                 beyond = [row for row in await self.store_index.candidates_of_intent(query, vector, guess.intent, OF_INTENT)
-                          if row.similarity >= guess.beyond_floor]
+                          if row.similarity >= floor]
             with tracing.span(tracing.DECIDE) as step:
                 decided = await self.adaptive.decide(query, question, rows, guess, beyond_band=beyond)
                 if step is not None:
