@@ -147,7 +147,7 @@ class SemanticCache:
             return None
         with tracing.span(tracing.EMBED):
             vector = await self.vector(question, query.canonical.tenant)
-        if policy.adaptive:
+        if isinstance(policy, AdaptiveSemantic):
             head = self.intents.get(query.canonical.tenant, query.category.name) if self.intents is not None else None
             with tracing.span(tracing.KNN) as step:
                 rows = await self.store_index.candidates(query, vector, ADAPTIVE_CANDIDATES)
