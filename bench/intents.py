@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -162,6 +163,69 @@ def figures(report: dict[str, Any], stream: Path) -> dict[str, Any]:
             "oos_any": len(oos), "model_calls": report.get("model_calls")}
 
 
+def serving_confidence(load_output: str) -> float | None:
+    """The lowest confidence the loaded head serves at (on probation or certified), from the
+    load's line (``confidence >= X``); ``None``: it serves nothing."""
+    found = [float(m) for m in re.findall(r"confidence >= ([0-9.]+)", load_output)]
+    return min(found) if found else None
+
+
+def static_ceiling(team: Path, stream: Path, threshold: float) -> dict[str, float]:
+    """The tenant's own head replayed statically as a cache keyed by its reading (issue #62 item
+    0): fitted on the team's file as ``strata intents load`` fits it (its out-of-scope questions,
+    or Strata's stand-ins), reading what the load's head reads (all-MiniLM-L6-v2 for an English
+    file, USE otherwise); a question not asked before is served when an earlier question not
+    served is read as the same intent, both at ``threshold``, never an out-of-scope reading;
+    wrong when that question's label differs or the asker is out of scope. No band, no guards,
+    no checks: what the head alone reads, the ceiling of the pipeline built on it."""
+    import numpy as np
+
+    from app.cache.learning.intents import SoftmaxHead
+    from app.cache.readers.onnx_vectors import OnnxModelVectors
+    from app.cache.storage.keys import normalize_text
+    from app.embed import load_encoder
+    from app.intents import out_of_scope_stand_ins, read_intents, reads_english
+    from bench.intent_embedders import embed
+
+    items = read_intents(team)
+    every = items + out_of_scope_stand_ins(items)
+    english = reads_english(items)
+    reader = OnnxModelVectors(".run/models/minilm-l6-onnx-int8") if english else load_encoder("use-multilingual")
+    texts = [normalize_text(t) for item in every for t in item.phrasings]
+    labels = np.array([n for n, item in enumerate(every) for _ in item.phrasings])
+    requests = [msgspec.json.decode(line) for line in stream.read_text(encoding="utf-8").splitlines()]
+    asked = [normalize_text(r["text"]) for r in requests]
+
+    def unit(vectors: np.ndarray) -> np.ndarray:
+        return vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-9)
+
+    head = SoftmaxHead(n_classes=len(every)).fit(unit(embed(reader, texts, f"team-{team.stem}")[0]), labels)
+    vectors = unit(embed(reader, asked, f"stream-{stream.stem}")[0])
+    read, sure = head.read(vectors)
+    out_of_scope = {n for n, item in enumerate(every) if item.out_of_scope}
+    seen_texts: set[str] = set()
+    cached: dict[int, list[int]] = {}  # intent -> the requests cached, read as it confidently
+    served = wrong = right = 0
+    for i, (text, request, intent, confidence) in enumerate(zip(asked, requests, read, sure, strict=True)):
+        if text in seen_texts:
+            continue
+        seen_texts.add(text)
+        confident = confidence >= threshold and int(intent) not in out_of_scope
+        if confident and cached.get(int(intent)):
+            same = cached[int(intent)]
+            nearest = same[int(np.argmax(vectors[same] @ vectors[i]))]
+            served += 1
+            label = request["label"]
+            if label.startswith("oos:") or requests[nearest]["label"] != label:
+                wrong += 1
+            else:
+                right += 1
+            continue
+        if confident:
+            cached.setdefault(int(intent), []).append(i)
+    return {"captured": right / max(1, opportunity(stream)), "served": served, "wrong": wrong}
+
+
 def head_cost(intents: int = 150, dims: int = 512, reads: int = 20_000) -> float:
     """Microseconds the intent head takes to read one asked question: what the intent rule adds to
     a lookup (the rule itself compares two fields of the KNN row)."""
@@ -192,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--out", default=".run/bench-intents")
     parser.add_argument("--only", nargs="*", default=[])
+    parser.add_argument("--no-ceiling", action="store_true", help="skip the static replay of each arm's head")
     parser.add_argument("--intent-embedder", default="",
                         help="STRATA_INTENT_EMBEDDER for every arm (.run/models/embeddinggemma-300m): what the heads read")
     args = parser.parse_args(argv)
@@ -202,8 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     print("| arm | team's data | seed | semantic | wrong | captured | intent hits (on probation; wrong) | worst 500 | "
-          "OOS served (intent / any) | model calls |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "OOS served (intent / any) | model calls | its head's static ceiling (wrong); reached |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for seed in args.seeds:
         for arm, (stream, team) in build(seed).items():
             if args.only and arm not in args.only:
@@ -219,10 +284,15 @@ def main(argv: list[str] | None = None) -> int:
                     continue
             f = figures(msgspec.json.decode(report_path.read_bytes()), stream)
             share = f["semantic"] / max(1, f["requests"])
+            said = (out / f"{arm}-s{seed}.txt").read_text(encoding="utf-8") if team else ""
+            level = serving_confidence(said) if team else None
+            ceiling = static_ceiling(team, stream, level) if team and level is not None and not args.no_ceiling else None
+            of_ceiling = (f"{ceiling['captured']:.2f} at {level:.3f} ({ceiling['wrong'] / max(1, ceiling['served']):.2%}); "
+                          f"{f['captured'] / max(1e-9, ceiling['captured']):.0%}") if ceiling else "-"
             print(f"| {arm} | {team.name if team else 'none'} | {seed} | {share:.1%} | "
                   f"{f['wrong']} ({f['wrong'] / max(1, f['semantic']):.2%}) | {f['captured']:.2f} | {f['intent_hits']} "
                   f"({f['probation_hits']}; {f['intent_wrong']}) | {f['worst_window']:.2%} | "
-                  f"{f['oos_by_intent']} / {f['oos_any']} | {f['model_calls']} |", flush=True)
+                  f"{f['oos_by_intent']} / {f['oos_any']} | {f['model_calls']} | {of_ceiling} |", flush=True)
     return 0
 
 

@@ -30,6 +30,7 @@ from app.cache.storage.index import CANDIDATES, SemanticIndex, calls_tools
 from app.cache.storage.intents import IntentGuess, IntentHead, IntentHeads
 from app.cache.storage.keys import (
     FIELD_INTENT,
+    FIELD_INTENT_CONFIDENCE,
     FIELD_QUESTION,
     FIELD_WRONG_ABOVE,
     KEYS,
@@ -162,7 +163,7 @@ class SemanticCache:
             if guess is not None and guess.confidence >= guess.lowest and guess.shared \
                     and (guess.beyond_band or on_probation) and not any(
                     row.similarity >= policy.threshold and as_text(row.fields.get(FIELD_INTENT)) == guess.intent
-                    for row in rows):
+                    and float(as_text(row.fields.get(FIELD_INTENT_CONFIDENCE)) or 0.0) >= guess.lowest for row in rows):
                 floor = guess.beyond_floor if guess.beyond_band else policy.intent_beyond_floor
                 beyond = [row for row in await self.store_index.candidates_of_intent(query, vector, guess.intent, OF_INTENT)
                           if row.similarity >= floor]
