@@ -44,7 +44,7 @@ import msgspec
 import numpy as np
 
 from app.cache.decision.rules import BAND_ROWS, TRIAL_CONFIDENCE, intent_rule_serves
-from app.cache.decision.stats import binomial_tail
+from app.cache.decision.stats import binomial_tail, evidence_above
 from app.cache.storage.intents import softmax_predict
 
 # Learn-then-Test's risk level: the threshold holds with at least this probability (95%, or the
@@ -217,8 +217,9 @@ class Calibration(msgspec.Struct, frozen=True, kw_only=True):
     confused: list[tuple[int, int, int]] = msgspec.field(default_factory=list)
     # The confidence the rule may serve from on probation (above 1: none), below ``threshold``:
     # the lowest of the grid reached walking down from the most confident while the held-out
-    # replay's wrong share stays within the bound (a point estimate, not a guarantee: the
-    # traffic's checked record is the guarantee; app/cache/decision/rules.py).
+    # replay does not show more than the bound (the test that stops an intent on traffic,
+    # app/cache/decision/stats.py ``evidence_above``): what the file shows, not a guarantee; the
+    # traffic's checked record is the guarantee (app/cache/decision/rules.py).
     probation: float = 1.01
     # At that confidence: the held-out phrasings served and the wrong share among them.
     probation_served: float = 0.0
@@ -389,10 +390,10 @@ def calibrate(vectors: np.ndarray, labels: np.ndarray, classes: int, error_bound
             if tau < threshold:
                 threshold, served, wrong = tau, trial_served, trial_wrong
     probation, probation_served, probation_wrong = 1.01, 0.0, 0.0
-    for share in GRID_SHARES:  # most confident first; stops at the first level over the bound
+    for share in GRID_SHARES:  # most confident first; stops at the first level that shows more than the bound
         tau, trial_served, trial_wrong = trials[share]
         served_count = int(trial_served.sum())
-        if served_count and int(trial_wrong.sum()) > error_bound * served_count:
+        if evidence_above(int(trial_wrong.sum()), served_count, error_bound) >= 1 / delta:
             break
         if served_count and tau < threshold:
             probation = tau
