@@ -77,11 +77,9 @@ def test_a_chinese_faq_serves_its_answers_to_other_wordings_and_none_to_other_qu
     assert "out-of-scope questions of Strata's" in said and "on probation from the first request" in said, said
     assert eventually(lambda: [h for h in httpx.get(base + "/health").json().get("intents", [])
                                if h["category"] == CATEGORY], timeout=15)
-    print("LOADED", said)
     headers = {"X-Cache-Category": CATEGORY}
     for question, intent in PARAPHRASES.items():
         reply = ask(base, question, headers=headers, model=model)
-        print("ASKED", question, dict(reply.headers))
         assert reply.status_code == 200, reply.text
         assert reply.headers["x-cache"] == "semantic-hit" and reply.headers["x-cache-verdict"] == "intent_probation", \
             (question, dict(reply.headers))

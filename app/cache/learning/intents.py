@@ -68,6 +68,9 @@ LEARNING_RATE = 0.05
 # The grid of thresholds tested: the confidences at which these shares of the held-out phrasings
 # are at or above (it depends on no label).
 GRID_SHARES = tuple(round(0.10 + 0.05 * i, 2) for i in range(18))
+# The probation walk's levels below the grid (fixed before any label is read): a head serves on
+# probation only where it gives the asked intent at least an even chance.
+PROBATION_LEVELS = (0.9, 0.8, 0.7, 0.6, 0.5)
 # Where the fixed sequences begin on the grid (each tested at delta / len(CHAIN_STARTS)).
 CHAIN_STARTS = (0.10, 0.30)
 
@@ -390,8 +393,13 @@ def calibrate(vectors: np.ndarray, labels: np.ndarray, classes: int, error_bound
             if tau < threshold:
                 threshold, served, wrong = tau, trial_served, trial_wrong
     probation, probation_served, probation_wrong = 1.01, 0.0, 0.0
-    for share in GRID_SHARES:  # most confident first; stops at the first level that shows more than the bound
-        tau, trial_served, trial_wrong = trials[share]
+    # Most confident first; stops at the first level that shows more than the bound. Below the
+    # grid (whose last level, the 95% quantile, sits near 1 where the held-out phrasings are
+    # mostly out-of-scope questions read confidently as such), fixed levels down to a majority.
+    lowest = min(tau for tau, _, _ in trials.values())
+    levels = [trials[share] for share in GRID_SHARES] + [
+        _trial(held, level, beyond_band) for level in PROBATION_LEVELS if level < lowest]
+    for tau, trial_served, trial_wrong in levels:
         served_count = int(trial_served.sum())
         if evidence_above(int(trial_wrong.sum()), served_count, error_bound) >= 1 / delta:
             break
