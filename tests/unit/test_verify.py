@@ -58,6 +58,7 @@ def test_guards_catch_mismatches_in_both_languages(asked: str, cached: str, reas
     ("怎么退款", "退款怎么申请"),
     ("蚂蚁花呗怎么还款", "花呗如何还款"),  # names of one product are interchangeable
     ("余额宝怎么转出", "余额宝如何转出"),  # "余额宝" is not read as "余额"
+    ("怎么申请退换货", "怎么退货"),  # "退换货" names the return process, not an exchange (换货) alone
     ("How do I reset my password?", "How can I reset my password?"),
     ("退款3天到账吗", "退款三天能到账吗"),  # 3 and 三 are the same number
     ("Can I open an account?", "Can I open a new account?"),
