@@ -21,7 +21,7 @@ STRATA_PORT ?= 8080
 VLLM_PORT ?= 8000
 export STRATA_HOST STRATA_PORT
 
-.PHONY: image image-inputs compose-up compose-down test-image help deps test-deps client-deps calibrate-deps bench-replay up down status restart test test-fast test-cluster lint bench load train-verifier logs strata-start strata-stop judge-up judge-down reader-model console-shots
+.PHONY: k8s-secrets test-k8s image image-inputs compose-up compose-down test-image help deps test-deps client-deps calibrate-deps bench-replay up down status restart test test-fast test-cluster lint bench load train-verifier logs strata-start strata-stop judge-up judge-down reader-model console-shots
 
 help:
 	@echo "make up      start Redis Stack (6380), vLLM (8000) and Strata (8080) in the background"
@@ -37,6 +37,8 @@ help:
 	@echo "make image        build Strata's image (and Redis Stack's and vLLM CPU's) with podman (docs/OPERATIONS.md, Containers)"
 	@echo "make compose-up   the same three as a compose stack (MODEL_SERVER=cpu|gpu|external); make compose-down stops it"
 	@echo "make test-image   build, run the stack end to end, take it down (about 10 minutes fresh; not in make test)"
+	@echo "make k8s-secrets  the local Kubernetes overlay's admin token (deploy/k8s/overlays/local/secrets, not committed)"
+	@echo "make test-k8s     play the Kubernetes manifests with podman kube play: two Strata pods on one Redis (not in make test)"
 
 deps: $(STAMP)
 test-deps: $(TEST_STAMP)
@@ -262,3 +264,15 @@ compose-down:
 
 test-image: image-inputs
 	bash deploy/test-image.sh
+
+# Kubernetes (deploy/k8s, docs/KUBERNETES.md). The local overlay's Secret is generated from a file
+# this writes once (a random token, 0600); the platform's own secrets replace it elsewhere.
+LOCAL_K8S_TOKEN := deploy/k8s/overlays/local/secrets/admin-token
+k8s-secrets:
+	@mkdir -p $(dir $(LOCAL_K8S_TOKEN))
+	@[ -s $(LOCAL_K8S_TOKEN) ] || { umask 077; $(PYTHON) -c 'import secrets; print(secrets.token_urlsafe(32))' > $(LOCAL_K8S_TOKEN); }
+	@echo "k8s: the local overlay's admin token is in $(LOCAL_K8S_TOKEN)"
+
+# The podman overlay played end to end on the images `make image` builds (not in make test).
+test-k8s: test-deps image-inputs k8s-secrets
+	$(PY) deploy/test-k8s.py
