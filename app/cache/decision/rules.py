@@ -6,8 +6,14 @@ passes. The list of a category is built from its policy in one place (:func:`rul
 :data:`RULE_TABLE` says for each rule its reasons (``X-Cache-Verdict``), what it reads and what
 its verdict is counted as; docs/SEMANTIC.md shows the same table (a test keeps them equal).
 
-    band floor -> guards -> document veto -> curated wording -> pool (and prior) -> entry record
-               -> reader -> outside the bound;  then, for a serve: explore
+    band floor -> guards -> document veto -> curated wording -> intent veto -> intent match
+               -> pool (and prior) -> entry record -> intent trial -> reader -> outside the bound;
+               then, for a serve: explore
+
+The three intent rules read the tenant's intent head (a team's labelled phrasings): the veto sets
+aside a row the head reads as another intent, the match serves one it reads as the asked intent
+(certified by the team's file, or on probation, each hit checked), and the trial counts the pairs
+a head loaded before probation would serve.
 
 A new rule is one class here and one line in :func:`rules_for`.
 """
