@@ -270,7 +270,7 @@ test-image: image-inputs
 LOCAL_K8S_TOKEN := deploy/k8s/overlays/local/secrets/admin-token
 k8s-secrets:
 	@mkdir -p $(dir $(LOCAL_K8S_TOKEN))
-	@[ -s $(LOCAL_K8S_TOKEN) ] || { umask 077; $(PYTHON) -c 'import secrets; print(secrets.token_urlsafe(32))' > $(LOCAL_K8S_TOKEN); }
+	@[ -s $(LOCAL_K8S_TOKEN) ] || { umask 077; $(PYTHON) -c 'import secrets, sys; sys.stdout.write(secrets.token_urlsafe(32))' > $(LOCAL_K8S_TOKEN); }
 	@echo "k8s: the local overlay's admin token is in $(LOCAL_K8S_TOKEN)"
 
 # The podman overlay played end to end on the images `make image` builds (not in make test).

@@ -161,7 +161,8 @@ class AdminToken:
     """
 
     def __init__(self, token: str | None, path: Path | None) -> None:
-        self._fixed = token or None
+        # Stripped as the file's line is: a Secret made from a file keeps its final newline.
+        self._fixed = (token or "").strip() or None
         self._path = path
         self._read: str | None = None
         self._stamp: tuple[int, int] | None = None

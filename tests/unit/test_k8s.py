@@ -136,9 +136,11 @@ def test_the_model_server_and_redis_come_as_a_platform_expects(rendered: dict[st
     # The overlay podman plays: two Strata pods, URLs naming pods (kube play has no Services).
     podman = rendered["podman"]
     for name in ("strata", "strata-b"):
-        env = {e["name"]: e.get("value") for e in of(podman, "Deployment", name)["spec"]["template"]["spec"]["containers"][0]["env"]}
+        container = of(podman, "Deployment", name)["spec"]["template"]["spec"]["containers"][0]
+        env = of(podman, "ConfigMap", container["envFrom"][0]["configMapRef"]["name"])["data"]
         assert env["STRATA_REDIS_URL"] == "redis://redis-stack-pod-0:6380/0"
         assert env["STRATA_UPSTREAM_URL"] == "http://vllm-pod-0:8000/v1"
+        assert container["ports"][0]["hostIP"] == "127.0.0.1"
 
 
 def test_the_bases_policy_is_the_shipped_one() -> None:

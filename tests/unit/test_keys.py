@@ -174,3 +174,11 @@ def test_the_user_of_a_per_user_category_is_in_every_key_and_scope() -> None:
                                      max_tokens=None, user=user) for user in ("u1", "u2", None))
     assert len({one.exact_digest, two.exact_digest, shared.exact_digest}) == 3
     assert len({one.scope_digest, two.scope_digest, shared.scope_digest}) == 3
+
+
+def test_an_admin_token_from_the_environment_is_read_as_its_file_is_without_surrounding_whitespace() -> None:
+    """A Kubernetes Secret made from a file keeps the file's final newline (deploy/k8s)."""
+    from app.auth import AdminToken
+
+    assert AdminToken("s3cret-token-of-enough-length\n", None).current() == "s3cret-token-of-enough-length"
+    assert AdminToken("  \n", None).current() is None
