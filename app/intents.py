@@ -38,7 +38,9 @@ from app.cache.storage.keys import (
     FIELD_TENANT,
     OBS_INTENT_OK,
     OBS_INTENT_OK_OF,
+    OBS_INTENT_PROBATION_OK,
     OBS_INTENT_PROBATION_OK_OF,
+    OBS_INTENT_PROBATION_WRONG,
     OBS_INTENT_PROBATION_WRONG_OF,
     OBS_INTENT_TRIAL_OK,
     OBS_INTENT_TRIAL_WRONG,
@@ -424,7 +426,8 @@ async def forget_intent_record(cache: object, tag: str, tenant: str, category: s
                   if f and f.startswith((f"{OBS_INTENT_OK}:", f"{OBS_INTENT_WRONG}:", f"{OBS_INTENT_OK_OF}:",
                                           f"{OBS_INTENT_WRONG_OF}:", f"{OBS_INTENT_TRIAL_OK}:",
                                           f"{OBS_INTENT_TRIAL_WRONG}:", f"{OBS_INTENT_PROBATION_OK_OF}:",
-                                          f"{OBS_INTENT_PROBATION_WRONG_OF}:"))]
+                                          f"{OBS_INTENT_PROBATION_WRONG_OF}:", f"{OBS_INTENT_PROBATION_OK}:",
+                                          f"{OBS_INTENT_PROBATION_WRONG}:"))]
         if fields:
             removed += int(await redis.hdel(key, *fields))
     return removed

@@ -250,10 +250,11 @@ def probation_status(meta: HeadMeta, counts: PooledCounts, policy: AdaptiveSeman
     """The intents page's line for a head serving on probation: its checked record in words."""
     watch = probation_watch(counts, policy)
     certified = "serving" if meta.serving else "certified nothing before traffic"
-    if watch.suspended:
-        return (f"{certified}; on probation from {meta.probation:.3f}: stopped, its {counted(watch.total, 'checked hit')} "
-                f"show more than {policy.error_bound:.0%} wrong ({watch.wrong} wrong)")
     stopped = f"; stopped (their checks showed more than the bound): {', '.join(watch.stopped)}" if watch.stopped else ""
+    if watch.suspended:
+        return (f"{certified}; on probation from {meta.probation:.3f}: its {counted(watch.total, 'checked hit')} show more "
+                f"than {policy.error_bound:.0%} wrong ({watch.wrong} wrong): it serves only pairs more confident than "
+                f"its record's wrong ones{stopped}")
     if watch.certified:
         record = (f"its record certifies {policy.error_bound:.0%} ({counted(watch.total, 'checked hit')}, {watch.wrong} wrong): "
                   f"{policy.intent_check_sample:.0%} of its hits checked")

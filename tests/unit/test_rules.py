@@ -179,7 +179,7 @@ def test_a_small_file_serves_on_probation_from_its_first_request_and_every_hit_i
 
     first = run(match, small_file_facts((0, 0), probation=0.9))
     assert first is not None and first.verdict.accepted and first.verdict.reason == INTENT_PROBATION
-    assert first.check_after and first.probation and first.vouched == ""
+    assert first.check_after and first.probation and first.vouched == "" and first.probation_bin == 95
     assert run(trial, small_file_facts((0, 0), probation=0.9)) is None
     # Below the probation confidence on either side: nothing.
     assert run(match, small_file_facts((0, 0), probation=0.96)) is None
@@ -212,10 +212,15 @@ def test_probation_stops_an_intent_whose_checks_show_more_than_the_bound_and_thi
     other = {"intent_probation_ok_of:invoice": 8, "intent_probation_wrong_of:invoice": 2,
              "intent_probation_ok_of:refund": 30}
     assert run(small_file_facts((0, 0), probation=0.9, record=other)) is not None
-    # The intents left together over the bound: the rule stops on probation.
-    spread = {f"intent_probation_{'wrong' if i < 6 else 'ok'}_of:i{i}": 1 for i in range(40)}
-    spread.update({f"intent_probation_ok_of:i{i}": 1 for i in range(6)})
-    assert run(small_file_facts((0, 0), probation=0.9, record=spread)) is None
+    # The rule's checks at this confidence or above show more than the bound (wrong ones spread
+    # over intents, none stopped alone): stopped from there down; pairs more confident than the
+    # wrong ones are still served.
+    spread = {f"intent_probation_{'wrong' if i < 4 else 'ok'}_of:i{i}": 1 for i in range(30)}
+    at_95 = {**spread, "intent_probation_wrong:095": 4, "intent_probation_ok:095": 26}
+    assert run(small_file_facts((0, 0), probation=0.9, record=at_95)) is None
+    at_92 = {**spread, "intent_probation_wrong:092": 4, "intent_probation_ok:097": 26}
+    assert run(small_file_facts((0, 0), probation=0.9, record=at_92)) is not None
+    assert run(small_file_facts((0, 0), confidence=0.92, cached_confidence=0.99, probation=0.9, record=at_92)) is None
     # Certified (clean checks enough): a hit is checked only when the draw falls in the sample.
     clean = {"intent_probation_ok_of:refund": 400}
     thinned = run(small_file_facts((0, 0), probation=0.9, record=clean), draw=0.5)

@@ -100,6 +100,7 @@ class Ruling(msgspec.Struct, frozen=True, kw_only=True):
             lower confidence (:class:`IntentTrial`); -1: none.
         probation: Served by the intent rule on probation and checked: the model's answer,
             asked after the response, counts on the intent's probation record.
+        probation_bin: That hit's lower confidence, in hundredths: its check counts there too.
     """
 
     verdict: Verdict
@@ -109,6 +110,7 @@ class Ruling(msgspec.Struct, frozen=True, kw_only=True):
     check_after: bool = False
     trial_bin: int = -1
     probation: bool = False
+    probation_bin: int = -1
 
 
 def serve(reason: str, vouched: str = "", *, check_after: bool = False) -> Ruling:
@@ -463,7 +465,9 @@ class IntentMatch(Rule):
         if not intents_refuted(counts, facts.policy).serves(guess.intent):
             return None
         watch = probation_watch(counts, facts.policy) if on_probation else None
-        if watch is not None and not watch.serves(guess.intent):
+        confidence_bin = min(99, math.floor(sure * 100))
+        if watch is not None and (not watch.serves(guess.intent) or not probation_level_serves(counts, facts.policy,
+                                                                                                confidence_bin)):
             return None
         standing = await self._entry_veto.vetoed_for_intent(facts)
         if standing.refuted:
@@ -474,7 +478,8 @@ class IntentMatch(Rule):
             # A team's answer is not judged by the model's: its record is the askers' feedback.
             checked = source_of(facts.row) == SOURCE_MODEL and (
                 not watch.certified or self._draw() < facts.policy.intent_check_sample)
-            return Ruling(verdict=Verdict(True, INTENT_PROBATION), check_after=checked, probation=checked)
+            return Ruling(verdict=Verdict(True, INTENT_PROBATION), check_after=checked, probation=checked,
+                          probation_bin=confidence_bin)
         unchecked = check_after_serving(facts, standing)
         if unchecked and facts.policy.intent_trusted_only:
             # Not trusted yet: the model answers this asker, and its answer checks the entry.
@@ -489,7 +494,8 @@ class ProbationWatch(msgspec.Struct, frozen=True, kw_only=True):
 
     Attributes:
         stopped: Intents whose own checked hits show more than the category's bound.
-        suspended: The intents left show it together: the rule serves nothing on probation.
+        suspended: The intents left show it together (what the console says: the rule then serves
+            only pairs more confident than the record's wrong ones, :func:`probation_level_serves`).
         certified: The intents left certify the bound: checks thin to ``intent_check_sample``.
         wrong: Wrong checked hits of the intents left.
         total: Checked hits of the intents left.
@@ -502,14 +508,22 @@ class ProbationWatch(msgspec.Struct, frozen=True, kw_only=True):
     total: int = 0
 
     def serves(self, intent: str) -> bool:
-        return not self.suspended and intent not in self.stopped
+        return intent not in self.stopped
+
+
+def probation_level_serves(counts: PooledCounts, policy: AdaptiveSemantic, confidence_bin: int) -> bool:
+    """Whether the probation record of the pairs at this lower confidence or above does not show
+    more than the category's bound (:func:`evidence_above` under ``1 / delta``): wrong hits among
+    the least confident pairs stop the rule from there down, not above."""
+    wrong, total = counts.on_probation_at_or_above(confidence_bin)
+    return evidence_above(wrong, total, policy.error_bound) < 1 / risk_level(policy.confidence, policy.intent_confidence)
 
 
 def probation_watch(counts: PooledCounts, policy: AdaptiveSemantic) -> ProbationWatch:
-    """The probation record under watch: per intent, and for the intents left together, the
-    e-value against "wrong share <= the category's bound" (:func:`evidence_above`) stops at
-    ``1 / delta``; the intents left certify the bound when the e-value against "wrong share >=
-    the bound" (:func:`evidence_within`) reaches it. The category's bound, not the calibration's
+    """The probation record under watch: per intent, the e-value against "wrong share <= the
+    category's bound" (:func:`evidence_above`) stops it at ``1 / delta``; the rule as a whole is
+    stopped by confidence (:func:`probation_level_serves`); the intents left certify the bound
+    when the e-value against "wrong share >= the bound" (:func:`evidence_within`) reaches it. The category's bound, not the calibration's
     share of it: the record is the traffic itself. Memoised on the counts (read once a second)."""
     memo = counts.memo.get(("probation", policy))
     if isinstance(memo, ProbationWatch):

@@ -23,7 +23,9 @@ from app.cache.storage.keys import (
     OBS_EXPLORED_WRONG,
     OBS_INTENT_OK,
     OBS_INTENT_OK_OF,
+    OBS_INTENT_PROBATION_OK,
     OBS_INTENT_PROBATION_OK_OF,
+    OBS_INTENT_PROBATION_WRONG,
     OBS_INTENT_PROBATION_WRONG_OF,
     OBS_INTENT_TRIAL_OK,
     OBS_INTENT_TRIAL_WRONG,
@@ -181,7 +183,8 @@ def z_of(confidence: float) -> float:
 
 # Per-bin kinds of a pool: the answered misses' own, and those of the rules that vouch beside it.
 _BINNED_KINDS = (OBS_OK, OBS_WRONG, OBS_RECORD_OK, OBS_RECORD_WRONG, OBS_READER_OK, OBS_READER_WRONG, OBS_INTENT_OK,
-                 OBS_INTENT_WRONG, OBS_INTENT_TRIAL_OK, OBS_INTENT_TRIAL_WRONG,
+                 OBS_INTENT_WRONG, OBS_INTENT_TRIAL_OK, OBS_INTENT_TRIAL_WRONG, OBS_INTENT_PROBATION_OK,
+                 OBS_INTENT_PROBATION_WRONG,
                  OBS_READER_NO_OK, OBS_READER_NO_WRONG)
 # Each vouching rule's (right, wrong) kinds.
 VOUCH_KINDS = {VOUCH_RECORD: (OBS_RECORD_OK, OBS_RECORD_WRONG), VOUCH_READER: (OBS_READER_OK, OBS_READER_WRONG),
@@ -241,6 +244,12 @@ class PooledCounts:
         hundredth or above (they are counted by confidence, not score)."""
         wrong = int(self._suffix[OBS_INTENT_TRIAL_WRONG][confidence_bin])
         return wrong, wrong + int(self._suffix[OBS_INTENT_TRIAL_OK][confidence_bin])
+
+    def on_probation_at_or_above(self, confidence_bin: int) -> tuple[int, int]:
+        """(wrong, total) of the intent rule's checked probation hits whose lower confidence is in
+        this hundredth or above."""
+        wrong = int(self._suffix[OBS_INTENT_PROBATION_WRONG][confidence_bin])
+        return wrong, wrong + int(self._suffix[OBS_INTENT_PROBATION_OK][confidence_bin])
 
     def within(self, low: int, high: int) -> tuple[int, int]:
         """(wrong, total) of the observations with a score bin in ``[low, high)``."""

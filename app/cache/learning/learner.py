@@ -47,6 +47,8 @@ from app.cache.storage.keys import (
     FIELD_WRONG_ABOVE,
     KEYS,
     OBS_CONFIRMED,
+    OBS_INTENT_PROBATION_OK,
+    OBS_INTENT_PROBATION_WRONG,
     OBS_INTENT_TRIAL_OK,
     OBS_INTENT_TRIAL_WRONG,
     OBS_READER_NO_OK,
@@ -336,8 +338,12 @@ class AnswerLearner:
         the reader's verdict if it reads it now (after the response, off the request path)."""
         rules = []
         if candidate.probation:
-            # Every probation hit is checked (or a drawn share of them): they are the rule's record.
-            return (probation_field(same, candidate.intent),)
+            # Every probation hit is checked (or a drawn share of them): they are the rule's record,
+            # per intent and by the pair's lower confidence.
+            level = observation_field(OBS_INTENT_PROBATION_OK if same else OBS_INTENT_PROBATION_WRONG,
+                                      candidate.probation_bin)
+            return (probation_field(same, candidate.intent), level) if candidate.probation_bin >= 0 \
+                else (probation_field(same, candidate.intent),)
         if candidate.first_check:
             return ()  # a served hit's check is chosen, not drawn: it judges the entry, not the rule
         if candidate.vouched:

@@ -157,7 +157,8 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
             (``intent_trial``): the model's answer counts on the rule's trial record too, in
             this hundredth of the pair's lower confidence; -1: none.
         probation: The intent rule served it on probation and asked for its check: the model's
-            answer counts on the probation record of ``intent``.
+            answer counts on the probation record of ``intent``, and of the pair's lower
+            confidence (``probation_bin``, hundredths).
     """
 
     key: str
@@ -177,6 +178,7 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
     first_check: bool = False
     trial_bin: int = -1
     probation: bool = False
+    probation_bin: int = -1
 
 
 class Verdict(msgspec.Struct, frozen=True):

@@ -173,6 +173,11 @@ OBS_INTENT_TRIAL_WRONG = "intent_trial_wrong"
 # shows more than the bound (an anytime-valid test: app/cache/decision/stats.py).
 OBS_INTENT_PROBATION_OK_OF = "intent_probation_ok_of"
 OBS_INTENT_PROBATION_WRONG_OF = "intent_probation_wrong_of"
+# ``intent_probation_ok:<hundredth>`` / ``intent_probation_wrong:<hundredth>``: the same checks by
+# the pair's lower confidence: the rule stops from the confidence down where its record shows more
+# than the bound, and serves on above it.
+OBS_INTENT_PROBATION_OK = "intent_probation_ok"
+OBS_INTENT_PROBATION_WRONG = "intent_probation_wrong"
 # The rules whose verdicts are counted so (a candidate's ``vouched``).
 VOUCH_RECORD = "record"
 VOUCH_READER = "reader"
