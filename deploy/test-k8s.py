@@ -152,13 +152,17 @@ def main() -> int:
     def down() -> None:
         say("taking everything down")
         run("podman", "kube", "down", str(play_file), check=False)
-        for claim in (d["metadata"]["name"] for d in documents if d["kind"] == "PersistentVolumeClaim"):
-            run("podman", "volume", "rm", "-f", claim, check=False)
+        # The claims' volumes, and those kube play made for the ConfigMaps mounted as volumes.
+        for volume in (d["metadata"]["name"] for d in documents if d["kind"] in ("PersistentVolumeClaim", "ConfigMap")):
+            run("podman", "volume", "rm", "-f", volume, check=False)
         for name in secrets_made:
             run("podman", "secret", "rm", name, check=False)
         run("podman", "network", "rm", "-f", network, check=False)
-        left = run("podman", "pod", "ps", "-q", "--filter", f"network={network}", check=False).stdout.split()
-        expect(not left, f"pods left after kube down: {left}")
+        names = {d["metadata"]["name"] for d in documents}
+        left = [n for n in run("podman", "volume", "ls", "--format", "{{.Name}}", check=False).stdout.split() if n in names]
+        left += [n for n in run("podman", "pod", "ps", "--format", "{{.Name}}", check=False).stdout.split()
+                 if n.rsplit("-pod-", 1)[0] in names]
+        expect(not left, f"left after kube down: {left}")
 
     try:
         for secret in (d for d in documents if d["kind"] == "Secret"):
