@@ -351,7 +351,8 @@ def probation_words(calibration: Calibration, probation: float, policy: Adaptive
             f"of the team's phrasings, {calibration.probation_wrong:.2%} of them wrong. Over traffic, the record "
             f"promises: every probation hit of a model's answer is checked by the model after the response, and an "
             f"intent stops as soon as its checks show more than {policy.error_bound:.0%} wrong ({1 - delta:.0%} sure, "
-            f"a test valid however often it is read), the rule too when the intents left show it; after {checks} "
+            f"a test valid however often it is read), and the rule from a confidence down when the checks there "
+            f"show it; after {checks} "
             f"clean checks the record certifies the bound and checks thin to {policy.intent_check_sample:.0%} of the "
             f"hits. A team's own answer is not checked by the model: a user's \"wrong\" (/v1/feedback) counts "
             f"against its intent")

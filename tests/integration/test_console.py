@@ -519,8 +519,8 @@ def test_the_intents_page_shows_a_teams_head_its_rule_and_its_twins(
     card = page.locator('.intents-card[data-category="console"]')
     assert eventually(lambda: (page.goto(strata + "/console/intents"), card.count())[1], timeout=15)
     text = card.inner_text()
-    # Forty phrasings cannot show a 1% bound: the page says the rule serves nothing, and why.
-    assert "4" in card.locator("td").first.inner_text() and "serves nothing" in text, text
+    # Forty phrasings cannot show a 1% bound: the page says it certified nothing, and serves on probation.
+    assert "4" in card.locator("td").first.inner_text() and "certified nothing before traffic" in text, text
     assert card.locator(".twins tr").count() >= 2
     # What the head reads: the index's embedder here (no STRATA_INTENT_EMBEDDER).
     assert card.locator("code.reads").inner_text().startswith("use-multilingual"), card.locator("code.reads").inner_text()
