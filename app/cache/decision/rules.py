@@ -425,9 +425,10 @@ class IntentMatch(Rule):
     file's own cross-validation showed within the bound (the head's ``probation``), the rule
     serves on probation: each hit of a model's answer is checked by the model after the
     response and counts on its intent's probation record; an intent whose record shows more
-    than the category's bound is stopped, and so is the rule when the intents left show it
-    (:func:`probation_watch`, anytime-valid); once the record certifies the bound, checks thin
-    to ``intent_check_sample``. The cached side counts at full confidence where evidence says
+    than the category's bound is stopped (:func:`probation_watch`, anytime-valid), and so is the
+    rule from a confidence down where the checks at or above it show it
+    (:func:`probation_level_serves`); once the record certifies the bound, checks thin to
+    ``intent_check_sample``. The cached side counts at full confidence where evidence says
     which intent it stands for (:attr:`Facts.cached_standing`)."""
 
     name = "intent match"
@@ -523,8 +524,9 @@ def probation_watch(counts: PooledCounts, policy: AdaptiveSemantic) -> Probation
     """The probation record under watch: per intent, the e-value against "wrong share <= the
     category's bound" (:func:`evidence_above`) stops it at ``1 / delta``; the rule as a whole is
     stopped by confidence (:func:`probation_level_serves`); the intents left certify the bound
-    when the e-value against "wrong share >= the bound" (:func:`evidence_within`) reaches it. The category's bound, not the calibration's
-    share of it: the record is the traffic itself. Memoised on the counts (read once a second)."""
+    when the e-value against "wrong share >= the bound" (:func:`evidence_within`) reaches it.
+    The category's bound, not the calibration's share of it: the record is the traffic itself.
+    Memoised on the counts (read once a second)."""
     memo = counts.memo.get(("probation", policy))
     if isinstance(memo, ProbationWatch):
         return memo
@@ -656,9 +658,10 @@ class IntentTrial(Rule):
 
     async def __call__(self, facts: Facts) -> Ruling | None:
         guess = facts.asked_intent
-        if guess is None or guess.threshold <= 1.0 or guess.probation <= 1.0 or not guess.shared \
+        on_probation = guess is not None and guess.probation <= 1.0 and facts.policy.intent_probation
+        if guess is None or guess.threshold <= 1.0 or on_probation or not guess.shared \
                 or source_of(facts.row) != SOURCE_MODEL:
-            return None  # certified, or on probation: the trial is for heads loaded before probation
+            return None  # certified, or on probation: the trial is for heads without probation
         cached, cached_confidence = facts.cached_reading
         if not intent_rule_serves(guess.intent, guess.confidence, cached, cached_confidence, TRIAL_CONFIDENCE):
             return None
