@@ -25,13 +25,22 @@ from redisvl.query.filter import Tag
 
 from app.cache.decision.stats import clean_checks_to_certify, risk_level
 from app.cache.learning.intents import Calibration, SoftmaxHead, calibrate, why_it_serves_nothing
-from app.cache.storage.intents import HeadMeta, HeadReader, IntentHead, IntentStore, out_of_scope_name
+from app.cache.storage.intents import (
+    HeadMeta,
+    HeadReader,
+    IntentHead,
+    IntentStore,
+    likely_json,
+    likely_rows,
+    out_of_scope_name,
+)
 from app.cache.storage.keys import (
     FIELD_CATEGORY,
     FIELD_EMBEDDING,
     FIELD_INTENT,
     FIELD_INTENT_CHECKED,
     FIELD_INTENT_CONFIDENCE,
+    FIELD_INTENT_LIKELY,
     FIELD_QUESTION,
     FIELD_ROOT,
     FIELD_SOURCE,
@@ -317,6 +326,7 @@ async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *,
                 f"as a stream (the category's bound {semantic_policy.error_bound:.1%} on its traffic)")
     if probation <= 1:
         rule += "; " + probation_words(calibration, probation, semantic_policy, delta)
+    rule += guard_words(calibration)
     meta = HeadMeta(name=name, tenant=tenant, category=category, intents=[i.intent for i in every],
                     shared=[i.shared and not i.out_of_scope for i in every], threshold=calibration.threshold,
                     fingerprint=reader.fingerprint, phrasings=len(texts),
@@ -325,7 +335,8 @@ async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *,
                     loaded_at=int(time.time()),
                     confused=[(every[a].intent, every[b].intent, n) for a, b, n in calibration.confused],
                     beyond_band=beyond_band, phrasings_of=[len(i.phrasings) for i in every], delta=delta,
-                    beyond_floor=semantic_policy.intent_beyond_floor if beyond_band else -1.0, probation=probation)
+                    beyond_floor=semantic_policy.intent_beyond_floor if beyond_band else -1.0, probation=probation,
+                    veto_below=calibration.veto_below, stand_in_reach=calibration.stand_in_reach)
     head = IntentHead(meta, weights, bias)
     await IntentStore(cache.shared).save(head)
     await forget_intent_record(cache, tag, tenant, category)
@@ -356,6 +367,20 @@ def probation_words(calibration: Calibration, probation: float, policy: Adaptive
             f"clean checks the record certifies the bound and checks thin to {policy.intent_check_sample:.0%} of the "
             f"hits. A team's own answer is not checked by the model: a user's \"wrong\" (/v1/feedback) counts "
             f"against its intent")
+
+
+def guard_words(calibration: Calibration) -> str:
+    """What the head guards beyond its own rule, in plain words (the load's line)."""
+    said = ""
+    if calibration.veto_below > 0:
+        said += (f". For every rule, a cached question the head gives less than {calibration.veto_below:.1%} of a "
+                 f"chance of sharing the asked one's intent is set aside (held out: {calibration.veto_same:.1%} of the "
+                 f"file's nearest pairs of one intent, {calibration.veto_other:.1%} of those of two)")
+    if calibration.stand_in_reach > 0:
+        said += (f". A model's answer cached under a reading below {calibration.stand_in_reach:.3f} (out-of-scope "
+                 f"questions, held out, were read that confidently as an intent) serves its intent only once a check "
+                 f"agreed: its first match is answered by the model, which checks it")
+    return said
 
 
 class Refit(msgspec.Struct, frozen=True, kw_only=True):
@@ -482,17 +507,21 @@ async def label_documents(cache: object, head: IntentHead, tag: str, page: int =
                 if model_rows:
                     vectors = np.stack([np.frombuffer(blob, dtype=np.float32) for _, blob in model_rows])
                     questions = [str(as_text(row.get(FIELD_QUESTION)) or "") for row, _ in model_rows]
-                    predicted, confidence = head.predict(await reader.vectors(questions, vectors))
-                    for (row, _), i, sure in zip(model_rows, predicted, confidence, strict=True):
+                    probabilities = head.probabilities(await reader.vectors(questions, vectors))
+                    predicted, confidence = probabilities.argmax(axis=1), probabilities.max(axis=1)
+                    likely = likely_rows(probabilities, meta.intents)
+                    for (row, _), i, sure, chances in zip(model_rows, predicted, confidence, likely, strict=True):
                         intent = meta.intents[int(i)]
-                        pipe.hset(row["id"], mapping={FIELD_INTENT: intent, FIELD_INTENT_CONFIDENCE: round(float(sure), 4)})
+                        pipe.hset(row["id"], mapping={FIELD_INTENT: intent, FIELD_INTENT_CONFIDENCE: round(float(sure), 4),
+                                                      FIELD_INTENT_LIKELY: likely_json(chances)})
                         if as_text(row.get(FIELD_INTENT)) != intent:
                             pipe.hdel(row["id"], FIELD_INTENT_CHECKED)  # checked against another intent
                 for row in rows:
                     root = str(as_text(row.get(FIELD_ROOT)) or row["id"])
                     short = root.rsplit("faq-", 1)[-1][:16]
                     if row.get(FIELD_SOURCE) == SOURCE_FAQ and short in faq_intents:
-                        pipe.hset(row["id"], mapping={FIELD_INTENT: FAQ_INTENT_PREFIX + short, FIELD_INTENT_CONFIDENCE: 1.0})
+                        pipe.hset(row["id"], mapping={FIELD_INTENT: FAQ_INTENT_PREFIX + short, FIELD_INTENT_CONFIDENCE: 1.0,
+                                                      FIELD_INTENT_LIKELY: likely_json({FAQ_INTENT_PREFIX + short: 1.0})})
                 await pipe.execute()
             labelled += len(model_rows)
             if len(rows) < page:

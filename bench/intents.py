@@ -124,9 +124,13 @@ def build(seed: int) -> dict[str, tuple[Path, Path | None]]:
 
 def opportunity(stream: Path) -> int:
     """What a perfect cache serves semantically: a label seen before, a text not (never out of scope)."""
+    return opportunity_of([msgspec.json.decode(line) for line in stream.read_text(encoding="utf-8").splitlines()])
+
+
+def opportunity_of(requests: list[Any]) -> int:
+    """:func:`opportunity` of decoded requests."""
     seen_labels, seen_texts, count = set(), set(), 0
-    for line in stream.read_text(encoding="utf-8").splitlines():
-        request = msgspec.json.decode(line)
+    for request in requests:
         text, label = request["text"], request["label"]
         if label in seen_labels and text not in seen_texts and not label.startswith("oos:"):
             count += 1
@@ -203,6 +207,24 @@ def static_ceiling(team: Path, stream: Path, threshold: float) -> dict[str, floa
     vectors = unit(embed(reader, asked, f"stream-{stream.stem}")[0])
     read, sure = head.read(vectors)
     out_of_scope = {n for n, item in enumerate(every) if item.out_of_scope}
+    at = replay_static(requests, asked, vectors, read, sure, out_of_scope, threshold)
+    # The same head at the threshold that, in hindsight, captures most within the bound (1%).
+    within = [r for r in (replay_static(requests, asked, vectors, read, sure, out_of_scope, level)
+                          for level in CEILING_LEVELS) if r["wrong"] <= 0.01 * r["served"]]
+    best = max(within, key=lambda r: r["captured"], default={"captured": 0.0, "served": 0, "wrong": 0, "level": 1.0})
+    return {**at, "best_captured": best["captured"], "best_level": best["level"],
+            "best_wrong": best["wrong"] / max(1, best["served"])}
+
+
+# The thresholds the static head is replayed at to find its best within the bound, in hindsight.
+CEILING_LEVELS = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.93, 0.95, 0.97, 0.98, 0.99, 0.995, 0.999)
+
+
+def replay_static(requests: list[Any], asked: list[str], vectors: Any, read: Any, sure: Any, out_of_scope: set[int],
+                  threshold: float) -> dict[str, float]:
+    """:func:`static_ceiling`'s replay at one threshold."""
+    import numpy as np
+
     seen_texts: set[str] = set()
     cached: dict[int, list[int]] = {}  # intent -> the requests cached, read as it confidently
     served = wrong = right = 0
@@ -223,7 +245,7 @@ def static_ceiling(team: Path, stream: Path, threshold: float) -> dict[str, floa
             continue
         if confident:
             cached.setdefault(int(intent), []).append(i)
-    return {"captured": right / max(1, opportunity(stream)), "served": served, "wrong": wrong}
+    return {"captured": right / max(1, opportunity_of(requests)), "served": served, "wrong": wrong, "level": threshold}
 
 
 def head_cost(intents: int = 150, dims: int = 512, reads: int = 20_000) -> float:
@@ -267,8 +289,9 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     print("| arm | team's data | seed | semantic | wrong | captured | intent hits (on probation; wrong) | worst 500 | "
-          "OOS served (intent / any) | model calls | its head's static ceiling (wrong); reached |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "OOS served (intent / any) | model calls | its head's static ceiling (wrong); reached | "
+          "the same head's best within 1%, in hindsight; reached |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for seed in args.seeds:
         for arm, (stream, team) in build(seed).items():
             if args.only and arm not in args.only:
@@ -289,10 +312,12 @@ def main(argv: list[str] | None = None) -> int:
             ceiling = static_ceiling(team, stream, level) if team and level is not None and not args.no_ceiling else None
             of_ceiling = (f"{ceiling['captured']:.2f} at {level:.3f} ({ceiling['wrong'] / max(1, ceiling['served']):.2%}); "
                           f"{f['captured'] / max(1e-9, ceiling['captured']):.0%}") if ceiling else "-"
+            best = (f"{ceiling['best_captured']:.2f} at {ceiling['best_level']:.3f} ({ceiling['best_wrong']:.2%}); "
+                    f"{f['captured'] / max(1e-9, ceiling['best_captured']):.0%}") if ceiling else "-"
             print(f"| {arm} | {team.name if team else 'none'} | {seed} | {share:.1%} | "
                   f"{f['wrong']} ({f['wrong'] / max(1, f['semantic']):.2%}) | {f['captured']:.2f} | {f['intent_hits']} "
                   f"({f['probation_hits']}; {f['intent_wrong']}) | {f['worst_window']:.2%} | "
-                  f"{f['oos_by_intent']} / {f['oos_any']} | {f['model_calls']} | {of_ceiling} |", flush=True)
+                  f"{f['oos_by_intent']} / {f['oos_any']} | {f['model_calls']} | {of_ceiling} | {best} |", flush=True)
     return 0
 
 

@@ -27,7 +27,7 @@ from app.cache.readers.base import Reader
 from app.cache.storage.contract import CacheHit, CacheQuery, Candidate, EmbeddingFailed, Nearest, Verdict
 from app.cache.storage.entry import CacheEntry, EntryWriter
 from app.cache.storage.index import CANDIDATES, SemanticIndex, calls_tools
-from app.cache.storage.intents import IntentGuess, IntentHead, IntentHeads
+from app.cache.storage.intents import IntentGuess, IntentHead, IntentHeads, likely_json
 from app.cache.storage.keys import (
     FIELD_INTENT,
     FIELD_INTENT_CONFIDENCE,
@@ -286,5 +286,6 @@ class SemanticCache:
             query, completion, scope=query.scope_digest, embedding=vector.astype(np.float32).tobytes(), root=key,
             intent=guess.intent if guess is not None else None,
             intent_confidence=guess.confidence if guess is not None else None,
+            intent_likely=likely_json(guess.likely) if guess is not None else None,
         )
         await self._writer.write(key, entry, query)

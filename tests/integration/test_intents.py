@@ -74,6 +74,13 @@ def test_a_team_file_is_loaded_calibrated_served_and_replaced_only_by_a_good_one
     assert ask(strata, "money back for my purchase", headers=INTENTS).headers["x-cache"] == "miss"
     vetoed = 'strata_semantic_verifications_total{decision="reject",reason="intent_differs"}'
     assert vetoed in httpx.get(strata + "/metrics").text
+    # Every document keeps the head's probabilities of its question's likely intents (the veto's
+    # chance that two questions share one), readable with redis-cli.
+    documents = keyspace(redis_sync, "default", "learn_intents").semantic_prefix("v1")
+    likely = {redis_sync.hget(k, "question"): json.loads(redis_sync.hget(k, "intent_likely") or "{}")
+              for k in redis_sync.scan_iter(match=documents + "*")}
+    assert max(likely[b"i want a refund for my order"], key=likely[b"i want a refund for my order"].get) == "refund"
+    assert max(likely[b"i want a bill for my purchase"], key=likely[b"i want a bill for my purchase"].get) == "invoice"
     served = ask(strata, "can you refund my order", headers=INTENTS)
     assert served.headers["x-cache"] == "semantic-hit" and served.headers["x-cache-verdict"] == "intent_match", \
         dict(served.headers)

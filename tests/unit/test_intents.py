@@ -15,6 +15,8 @@ from app.cache.learning.intents import (
     fewest_to_show,
     held_out_folds,
     rule_outcomes,
+    shared_chance_floor,
+    stand_in_reach,
 )
 from app.cache.storage.intents import HeadMeta, IntentHead
 from app.intents import IntentsFileError, read_intents
@@ -214,3 +216,31 @@ def test_a_teams_own_out_of_scope_questions_stand_for_the_unknown_and_are_never_
     path.write_text("- {intent: oos, phrasings: [whats the weather, tell me a joke], answer: sorry}\n")
     with pytest.raises(IntentsFileError, match="out of scope"):
         read_intents(path)
+
+
+def test_the_load_measures_the_vetos_floor_and_how_far_out_of_scope_questions_reach() -> None:
+    """Issue #62 items 3 and 4: the veto's floor on two questions' chance of one intent costs at
+    most about a hundredth of the file's own neighbours of one intent, and sets aside more of its
+    neighbours of two; the out-of-scope stand-ins' highest reading as a servable intent is kept."""
+    vectors, labels = clusters(60, 11, 0.9, seed=3)  # overlapping: a diffuse head, like a small file's
+    scoped = np.arange(11) == 10
+    # Out-of-scope questions are about anything: no cluster of their own.
+    scattered = np.random.default_rng(4).normal(size=(60, 32))
+    vectors[labels == 10] = scattered / np.linalg.norm(scattered, axis=1, keepdims=True)
+    fold = held_out_folds(vectors, labels, 11, 0.0, out_of_scope=scoped, servable=~scoped)[0]
+    assert fold.probabilities is not None and np.allclose(fold.probabilities.sum(axis=1), 1.0, atol=1e-4)
+    assert (fold.probabilities.argmax(axis=1) == fold.predicted).all()
+    floor, same, other = shared_chance_floor(fold)
+    assert 0.0 < floor <= 0.2 and same <= 0.02 and other > same
+    reach = stand_in_reach(fold)
+    out = fold.unknown & ~scoped[fold.predicted]
+    assert out.any() and reach == fold.confidence[out].max()
+    # Read as their own out-of-scope class only: nothing reaches an intent.
+    certain = Fold(labels=np.array([0, 1]), predicted=np.array([0, 1]), confidence=np.array([0.9, 0.99]),
+                   unknown=np.array([False, True]), neighbours=np.full((2, 8), -1), of_intent=np.full((2, 4), -1),
+                   servable=np.array([True, False]))
+    assert stand_in_reach(certain) == 0.0
+    # Too few pairs of one intent to place a floor: none.
+    assert shared_chance_floor(certain) == (0.0, 0.0, 0.0)
+    shown = calibrate(vectors, labels, 11, 0.05, 0.0, out_of_scope=scoped, servable=~scoped)
+    assert (shown.veto_below, shown.stand_in_reach) == (floor, reach)

@@ -33,16 +33,18 @@ from app.cache.decision.verify import (
     INTENT_MATCH,
     INTENT_PROBATION,
     INTENT_TRIAL,
+    INTENT_UNCHECKED,
     CandidateCheck,
     ThresholdVerifier,
 )
 from app.cache.readers.oracle import OracleReader
 from app.cache.storage.contract import Nearest
-from app.cache.storage.intents import HeadMeta, IntentGuess, IntentHead
+from app.cache.storage.intents import HeadMeta, IntentGuess, IntentHead, likely_json
 from app.cache.storage.keys import (
     FIELD_INTENT,
     FIELD_INTENT_CHECKED,
     FIELD_INTENT_CONFIDENCE,
+    FIELD_INTENT_LIKELY,
     FIELD_QUESTION,
     FIELD_SOURCE,
     SOURCE_FAQ,
@@ -103,6 +105,57 @@ def test_the_head_sets_aside_a_row_of_an_intent_the_question_is_unlikely_to_be_o
     assert not ruled({"why_verify_identity": 0.9, "verify_my_identity": 0.05}, cached_confidence=0.6)
 
 
+def test_the_head_sets_aside_a_row_it_gives_little_chance_of_sharing_the_asked_intent_for_every_rule() -> None:
+    """Issue #62 item 3: a weak head is sure of neither question, yet the sum over intents of the
+    two probabilities' product tells twins apart; the floor is the head's (its load measured it)."""
+    veto = IntentVeto()
+    asked = {"why_verify_identity": 0.45, "unable_to_verify_identity": 0.35, "card_arrival": 0.2}
+
+    def ruled(cached_likely: dict[str, float] | None, veto_below: float = 0.1, cached_confidence: float = 0.5) -> bool:
+        guess = IntentGuess(intent="why_verify_identity", confidence=0.45, confident=False, shared=True,
+                            threshold=1.01, likely=asked, veto_below=veto_below)
+        facts = twin_facts(guess, max(cached_likely or {"verify_my_identity": 1}, key=(cached_likely or {}).get),
+                           cached_confidence)
+        if cached_likely is not None:
+            facts.row.fields[FIELD_INTENT_LIKELY] = likely_json(cached_likely)
+        ruling = asyncio.run(veto(facts))
+        assert ruling is None or (ruling.verdict.reason == INTENT_DIFFERS and ruling.next_row)
+        return ruling is not None
+
+    # Neither side sure of anything, and no intent in common: a 0 chance, set aside.
+    assert ruled({"verify_my_identity": 0.5, "change_pin": 0.5})
+    # Some chance of one intent: 0.45 x 0.3 + 0.35 x 0.3 = 0.24, above the floor: the rules after decide.
+    assert not ruled({"why_verify_identity": 0.3, "unable_to_verify_identity": 0.3, "verify_my_identity": 0.4})
+    # Just under the floor: 0.45 x 0.2 = 0.09.
+    assert ruled({"why_verify_identity": 0.2, "verify_my_identity": 0.8})
+    # A head loaded before the floor was measured, or a document stored before its probabilities
+    # were kept: only the older veto (the row's reading unsure here: nothing).
+    assert not ruled({"verify_my_identity": 0.5, "change_pin": 0.5}, veto_below=0.0)
+    assert not ruled(None)
+    # A team's answer (its label at 1.0, no probabilities kept) is its intent for certain.
+    assert ruled(None, cached_confidence=1.0)
+
+
+def test_a_model_answer_read_below_the_out_of_scope_stand_ins_reach_serves_its_intent_once_checked() -> None:
+    """Issue #62 item 4: a cached question read no more confidently than out-of-scope questions
+    were may be the answer to one; the model answers its first match and checks it."""
+    match = IntentMatch(EntryVeto(NoRedis()), lambda: 0.5)  # type: ignore[arg-type]
+
+    def run(**kwargs: object) -> Ruling | None:
+        return asyncio.run(match(small_file_facts((0, 0), probation=0.9, **kwargs)))  # type: ignore[arg-type]
+
+    first = run(cached_confidence=0.95, stand_in_reach=0.97)
+    assert first is not None and not first.verdict.accepted and first.verdict.reason == INTENT_UNCHECKED
+    assert first.check_after and not first.probation
+    # Checked and agreed: it stands for its intent.
+    served = run(cached_confidence=0.95, stand_in_reach=0.97, checked=True)
+    assert served is not None and served.verdict.accepted
+    # Read beyond any stand-in's reach, or a team's answer: served at once.
+    for kwargs in ({"cached_confidence": 0.98}, {"cached_confidence": 1.0, "source": SOURCE_FAQ}):
+        ruling = run(stand_in_reach=0.97, **kwargs)
+        assert ruling is not None and ruling.verdict.accepted
+
+
 def test_a_heads_guess_keeps_the_probability_of_every_likely_intent() -> None:
     meta = HeadMeta(name="t", tenant="t", category="faq", intents=["a", "b", "c"], shared=[True] * 3, threshold=0.9,
                     fingerprint="x", phrasings=0, accuracy=0.0, served_share=0.0, held_out_wrong=0.0,
@@ -121,14 +174,15 @@ class NoRedis:
 
 def small_file_facts(trial: tuple[int, int], confidence: float = 0.95, cached_confidence: float = 0.95,
                      record: dict[str, int] | None = None, probation: float = 1.01, threshold: float = 1.01,
-                     source: str = SOURCE_MODEL, checked: bool = False) -> Facts:
+                     source: str = SOURCE_MODEL, checked: bool = False, stand_in_reach: float = 0.0) -> Facts:
     counts = PooledCounts(record or {"intent_trial_ok:95": trial[0], "intent_trial_wrong:95": trial[1]})
 
     async def read() -> PooledCounts:
         return counts
 
     guess = IntentGuess(intent="refund", confidence=confidence, confident=confidence >= threshold, shared=True,
-                        threshold=threshold, likely={"refund": confidence}, probation=probation)
+                        threshold=threshold, likely={"refund": confidence}, probation=probation,
+                        stand_in_reach=stand_in_reach)
     row = Nearest("doc", 0.7, {FIELD_QUESTION: "i want my money back", FIELD_INTENT: "refund",
                                FIELD_INTENT_CONFIDENCE: str(cached_confidence), FIELD_SOURCE: source,
                                **({FIELD_INTENT_CHECKED: "1"} if checked else {})})

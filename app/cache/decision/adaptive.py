@@ -147,9 +147,14 @@ class AdaptiveDecision:
 
         pool = PoolOnce(read_pool)
 
+        # A row beyond the band the intent rule wants checked first: the model answers and checks
+        # it, unless a row of the band serves.
+        pending: Candidate | None = None
         for row in beyond_band:
             decided = await self._beyond_band(query, question, row, rows, asked_intent, pool)
-            if decided is not None:
+            if isinstance(decided, Candidate) and decided.refused:
+                pending = pending or decided
+            elif decided is not None:
                 return decided
         if asked_intent is not None and asked_intent.confident:
             band = [row for row in rows if row.similarity >= policy.threshold]
@@ -158,7 +163,7 @@ class AdaptiveDecision:
                                                  not as_text(row.fields.get(FIELD_INTENT_CHECKED))))
         for row in rows:
             if row.similarity < policy.threshold:
-                return None  # the band's floor: the rest are below too
+                return pending  # the band's floor: the rest are below too
             check_row(row)
             root = root_of(row)
             others = [other.similarity for other in rows if root_of(other) != root]
@@ -172,8 +177,9 @@ class AdaptiveDecision:
                 self._check.held(ruling.verdict.reason)
                 continue
             self._check.count(ruling.verdict)
-            return self._outcome(facts, ruling, rows, policy)
-        return None
+            outcome = self._outcome(facts, ruling, rows, policy)
+            return pending if pending is not None and isinstance(outcome, Candidate) and outcome.refused else outcome
+        return pending
 
     async def _beyond_band(self, query: CacheQuery, question: str, row: Nearest, rows: Sequence[Nearest],
                            asked_intent: IntentGuess | None, pool: PoolOnce) -> Serve | Candidate | None:
@@ -192,7 +198,7 @@ class AdaptiveDecision:
             ruling = await rule(facts)
             if ruling is None:
                 continue
-            if not ruling.verdict.accepted:
+            if not ruling.verdict.accepted and not ruling.check_after:
                 return None
             self._check.count(ruling.verdict)
             return self._outcome(facts, ruling, [row, *rows], policy)

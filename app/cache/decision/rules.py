@@ -63,11 +63,12 @@ from app.cache.decision.verify import (
 )
 from app.cache.readers.base import READ_FAILED, READ_NO, READ_YES, Reader, ReadPair
 from app.cache.storage.contract import CacheQuery, Nearest, Verdict
-from app.cache.storage.intents import IntentGuess
+from app.cache.storage.intents import IntentGuess, likely_from
 from app.cache.storage.keys import (
     FIELD_INTENT,
     FIELD_INTENT_CHECKED,
     FIELD_INTENT_CONFIDENCE,
+    FIELD_INTENT_LIKELY,
     FIELD_INTENT_REFUTED,
     FIELD_QUESTION,
     FIELD_WRONG_ABOVE,
@@ -191,6 +192,16 @@ class Facts:
                 and not as_text(self.row.fields.get(FIELD_INTENT_REFUTED)):
             return intent, 1.0
         return intent, confidence
+
+    @property
+    def cached_likely(self) -> dict[str, float] | None:
+        """The head's probabilities of the cached question's likely intents, as stored; a team's
+        labelled answer is its intent for certain; ``None``: not stored (before the veto read it)."""
+        stored = likely_from(self.row.fields.get(FIELD_INTENT_LIKELY))
+        if stored is not None:
+            return stored
+        intent, confidence = self.cached_reading
+        return {intent: 1.0} if intent and confidence >= 1.0 else None
 
     @property
     def is_entry(self) -> bool:
@@ -334,20 +345,29 @@ VETO_CONFIDENCE = 0.8
 
 
 class IntentVeto(Rule):
-    """The team's head reads the cached question as one intent at :data:`VETO_CONFIDENCE` or above
-    (or its calibrated threshold, if lower) and gives the asked question at most the rest of a
-    chance of being of it: the row is set aside whatever the rules after it would say (the prior,
-    the pool, the entry record, the reader), and the next row is considered."""
+    """The team's head sets the row aside, whatever the rules after it would say (the prior, the
+    pool, the entry record, the reader), and the next row is considered, when
+
+    - it gives the two questions less of a chance of sharing an intent than the floor its load
+      measured (``veto_below``: the sum over intents of the two probabilities' product; a weak
+      head's diffuse readings still tell twins apart this way), or
+    - it reads the cached question as one intent at :data:`VETO_CONFIDENCE` or above (or its
+      calibrated threshold, if lower) and gives the asked question at most the rest of a chance
+      of being of it (for documents stored before their probabilities were kept)."""
 
     name = "intent veto"
     reasons = (INTENT_DIFFERS,)
-    reads = "the head's probabilities for the asked question; the document's `intent`, `intent_confidence`"
+    reads = ("the head's probabilities for the asked question; the document's `intent_likely` (else `intent`, "
+             "`intent_confidence`)")
     counts = "`strata_semantic_verifications_total{decision=reject}`; nothing learnt"
 
     async def __call__(self, facts: Facts) -> Ruling | None:
         guess = facts.asked_intent
         if guess is None:
             return None
+        likely = facts.cached_likely
+        if likely is not None and guess.veto_below > 0 and guess.shared_chance(likely) < guess.veto_below:
+            return Ruling(verdict=Verdict(False, INTENT_DIFFERS), next_row=True)
         sure = min(guess.threshold, VETO_CONFIDENCE)
         cached, cached_confidence = facts.cached_reading
         if not cached or cached == guess.intent or guess.chance_of(cached) > 1.0 - sure or cached_confidence < sure:
@@ -410,6 +430,14 @@ def check_after_serving(facts: Facts, standing: IntentStanding) -> bool:
     """Whether the intent rule's serve is checked against the model after the response: its
     first from an entry of the model's answers never checked (``intent_first_check``)."""
     return facts.policy.intent_first_check and not standing.checked and source_of(facts.row) == SOURCE_MODEL
+
+
+def maybe_out_of_scope(facts: Facts, standing: IntentStanding, guess: IntentGuess) -> bool:
+    """Whether the cached side may be a model's answer to an out-of-scope question: never
+    checked, and read below the confidence the file's out-of-scope stand-ins reached (the head's
+    ``stand_in_reach``). A team's answer stands for its intent."""
+    return (source_of(facts.row) == SOURCE_MODEL and not standing.checked
+            and facts.cached_reading[1] < guess.stand_in_reach)
 
 
 class IntentMatch(Rule):
@@ -475,6 +503,10 @@ class IntentMatch(Rule):
             return None  # its answer was measured wrong for its intent: the rules after this one decide
         if standing.vetoed:
             return refuse(WRONG_BEFORE)
+        if maybe_out_of_scope(facts, standing, guess):
+            # Perhaps a model's answer to an out-of-scope question: the model answers this asker,
+            # and its answer checks the entry (served by intent once it agreed).
+            return Ruling(verdict=Verdict(False, INTENT_UNCHECKED), check_after=True)
         if watch is not None:
             # A team's answer is not judged by the model's: its record is the askers' feedback.
             checked = source_of(facts.row) == SOURCE_MODEL and (

@@ -45,7 +45,7 @@ import numpy as np
 
 from app.cache.decision.rules import BAND_ROWS, TRIAL_CONFIDENCE, intent_rule_serves
 from app.cache.decision.stats import binomial_tail, evidence_above
-from app.cache.storage.intents import softmax_predict
+from app.cache.storage.intents import LIKELY_FLOOR, softmax_predict
 
 # Learn-then-Test's risk level: the threshold holds with at least this probability (95%, or the
 # category's confidence where that is higher).
@@ -227,6 +227,13 @@ class Calibration(msgspec.Struct, frozen=True, kw_only=True):
     # At that confidence: the held-out phrasings served and the wrong share among them.
     probation_served: float = 0.0
     probation_wrong: float = 0.0
+    # The veto's floor on two questions' chance of one intent (:func:`shared_chance_floor`), and
+    # the shares of the file's same-intent and other-intent neighbours below it.
+    veto_below: float = 0.0
+    veto_same: float = 0.0
+    veto_other: float = 0.0
+    # How confidently the held-out out-of-scope stand-ins were read as a servable intent (:func:`stand_in_reach`).
+    stand_in_reach: float = 0.0
 
 
 class Fold(msgspec.Struct, frozen=True, kw_only=True):
@@ -242,6 +249,10 @@ class Fold(msgspec.Struct, frozen=True, kw_only=True):
     of_intent: np.ndarray
     # Per intent, whether the rule may serve it (shared, not out of scope); ``None``: every one.
     servable: np.ndarray | None = None
+    # (n, classes): each phrasing's held-out probability of every intent; ``None``: not kept.
+    probabilities: np.ndarray | None = None
+    # (n, NEIGHBOURS): the nearest other phrasings at any similarity (the veto's floor is measured there).
+    nearest_any: np.ndarray | None = None
 
 
 NEIGHBOURS = BAND_ROWS
@@ -287,8 +298,7 @@ def held_out_folds(vectors: np.ndarray, labels: np.ndarray, classes: int, floor:
     # Stand-ins for unknown questions: the team's own out-of-scope ones where it gave some; else a
     # tenth of its intents, held out (none of fewer than ten).
     held = 0 if scoped else math.floor(unknown_share * classes)
-    predicted = np.zeros(len(labels), dtype=int)
-    sure = np.zeros(len(labels))
+    probabilities = np.zeros((len(labels), classes), dtype=np.float32)
     unknown = np.zeros(len(labels), dtype=bool)
     for fold in range(folds):
         start = (fold * held) % max(1, classes)
@@ -296,15 +306,20 @@ def held_out_folds(vectors: np.ndarray, labels: np.ndarray, classes: int, floor:
         is_hidden = np.isin(labels, hidden)
         train, test = (fold_of != fold) & ~is_hidden, fold_of == fold
         head = SoftmaxHead(n_classes=classes, epochs=epochs, seed=seed).fit(vectors[train], labels[train])
-        predicted[test], sure[test] = head.read(vectors[test])
+        probabilities[test] = head.predict_proba(vectors[test])
         unknown[test] = is_hidden[test] | (out_of_scope[labels[test]] if scoped and out_of_scope is not None else False)
+    predicted, sure = probabilities.argmax(axis=1), probabilities.max(axis=1).astype(np.float64)
     nearest = np.full((len(labels), NEIGHBOURS), -1)
+    nearest_any = np.full((len(labels), NEIGHBOURS), -1)
     of_intent = np.full((len(labels), OF_INTENT), -1)
     for first in range(0, len(labels), ASKERS_AT_ONCE):
         rows = np.arange(first, min(first + ASKERS_AT_ONCE, len(labels)))
         similarity = near[rows] @ near.T
         similarity[np.arange(len(rows)), rows] = -np.inf  # not itself
-        nearest[rows] = _top(similarity, NEIGHBOURS, floor)
+        nearest_any[rows] = _top(similarity, NEIGHBOURS, -np.inf)
+        found = nearest_any[rows]
+        at = np.take_along_axis(similarity, np.maximum(found, 0), axis=1)
+        nearest[rows] = np.where((found >= 0) & (at >= floor), found, -1)
         same = np.where(predicted[None, :] == predicted[rows, None], similarity, -np.inf)
         of_intent[rows] = _top(same, OF_INTENT, beyond_floor)
     if refused is not None:
@@ -313,7 +328,7 @@ def held_out_folds(vectors: np.ndarray, labels: np.ndarray, classes: int, floor:
                 if refused(int(row), int(found[row, column])):
                     found[row, column] = -1
     return [Fold(labels=labels, predicted=predicted, confidence=sure, unknown=unknown, neighbours=nearest,
-                 of_intent=of_intent, servable=servable)]
+                 of_intent=of_intent, servable=servable, probabilities=probabilities, nearest_any=nearest_any)]
 
 
 def _top(similarity: np.ndarray, count: int, floor: float) -> np.ndarray:
@@ -356,6 +371,55 @@ def rule_outcomes(fold: Fold, threshold: float, beyond_band: bool = False) -> tu
         served &= fold.servable[fold.predicted]  # an intent the rule never serves (not shared, out of scope)
     wrong = served & ((fold.labels[first] != fold.labels) | fold.unknown)
     return served, wrong
+
+
+# The veto's floor is where this share of the file's held-out neighbours of their own intent (in
+# the band, as the KNN finds them) sit: what it may cost the rules' reach on the file.
+VETO_COST = 0.01
+# Never above the chance the older veto left a question of the cached row's intent (1 - 0.8).
+VETO_MOST = 0.2
+# Fewer same-intent neighbour pairs than this: no floor (the quantile would be a guess).
+VETO_PAIRS = 100
+
+
+def shared_chances(fold: Fold, asker: np.ndarray, cached: np.ndarray) -> np.ndarray:
+    """The head's probability that each pair shares an intent, from held-out readings: the sum
+    over intents of the two probabilities' product, each under ``LIKELY_FLOOR`` counted as 0 (as
+    a document keeps them: ``IntentGuess.shared_chance``)."""
+    assert fold.probabilities is not None
+    kept = np.where(fold.probabilities >= LIKELY_FLOOR, fold.probabilities, 0.0)
+    return np.asarray((kept[asker] * kept[cached]).sum(axis=1))
+
+
+def shared_chance_floor(fold: Fold) -> tuple[float, float, float]:
+    """(floor, same, other): the veto sets aside a row whose question and the asked one the head
+    gives less than ``floor`` of a chance of one intent; ``floor`` is the :data:`VETO_COST`
+    quantile of that chance over the file's held-out pairs of one label among each phrasing's
+    nearest (at any similarity: a small file has few pairs in the band, and pairs further apart
+    are read less surely, so the floor errs low), at most :data:`VETO_MOST`; ``same`` and
+    ``other``: the shares of same-label and other-label pairs below it. Out-of-scope phrasings
+    are left out of both."""
+    near = fold.nearest_any if fold.nearest_any is not None else fold.neighbours
+    rows, columns = np.nonzero(near >= 0)
+    cached = near[rows, columns]
+    known = ~fold.unknown[rows] & ~fold.unknown[cached]
+    rows, cached = rows[known], cached[known]
+    same = fold.labels[rows] == fold.labels[cached]
+    if fold.probabilities is None or int(same.sum()) < VETO_PAIRS:
+        return 0.0, 0.0, 0.0
+    chances = shared_chances(fold, rows, cached)
+    floor = float(min(VETO_MOST, np.quantile(chances[same], VETO_COST)))
+    below = chances < floor
+    return floor, float(below[same].mean()), float(below[~same].mean()) if (~same).any() else 0.0
+
+
+def stand_in_reach(fold: Fold) -> float:
+    """The highest confidence at which a held-out out-of-scope phrasing (the file's own or
+    Strata's stand-ins; or an intent held out, for a file without them) was read as an intent the
+    rule serves: a cached question read below it may be out of scope (0: none read so)."""
+    servable = fold.servable[fold.predicted] if fold.servable is not None else np.ones(len(fold.labels), dtype=bool)
+    reached = fold.confidence[fold.unknown & servable]
+    return float(reached.max()) if reached.size else 0.0
 
 
 def _trial(held: list[Fold], tau: float, beyond_band: bool) -> tuple[float, np.ndarray, np.ndarray]:
@@ -407,6 +471,7 @@ def calibrate(vectors: np.ndarray, labels: np.ndarray, classes: int, error_bound
             probation = tau
             probation_served = float((trial_served & ~unknown).sum() / max(1, (~unknown).sum()))
             probation_wrong = float(trial_wrong.sum() / served_count)
+    veto_below, veto_same, veto_other = shared_chance_floor(held[0])
     known = ~unknown
     mixed: dict[tuple[int, int], int] = {}
     for fold in held:
@@ -420,4 +485,5 @@ def calibrate(vectors: np.ndarray, labels: np.ndarray, classes: int, error_bound
         served_share=float((served & known).sum() / max(1, known.sum())) if served.size else 0.0,
         held_out_wrong=float(wrong.sum() / max(1, served.sum())) if served.size else 0.0, held_out=len(labels),
         unknown_served=int((served & unknown).sum()) if served.size else 0,
-        probation=probation, probation_served=probation_served, probation_wrong=probation_wrong)
+        probation=probation, probation_served=probation_served, probation_wrong=probation_wrong,
+        veto_below=veto_below, veto_same=veto_same, veto_other=veto_other, stand_in_reach=stand_in_reach(held[0]))

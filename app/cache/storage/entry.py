@@ -28,6 +28,7 @@ from app.cache.storage.keys import (
     FIELD_HITS,
     FIELD_INTENT,
     FIELD_INTENT_CONFIDENCE,
+    FIELD_INTENT_LIKELY,
     FIELD_MODEL,
     FIELD_QUESTION,
     FIELD_ROOT,
@@ -67,6 +68,7 @@ class CacheEntry(msgspec.Struct, frozen=True, kw_only=True):
         intent: The intent the tenant's intent head gave its question (semantic entries, when
             the team loaded intents), or the team's own label of a curated answer.
         intent_confidence: How sure the head was (1.0 for the team's own label).
+        intent_likely: The head's probabilities of the question's likely intents, as JSON.
     """
 
     question: str
@@ -85,6 +87,7 @@ class CacheEntry(msgspec.Struct, frozen=True, kw_only=True):
     user: str | None = None
     intent: str | None = None
     intent_confidence: float | None = None
+    intent_likely: str | None = None
 
     @classmethod
     def for_query(cls, query: CacheQuery, answer: bytes, *, now: int | None = None, **extra: Any) -> CacheEntry:
@@ -142,6 +145,8 @@ class CacheEntry(msgspec.Struct, frozen=True, kw_only=True):
         if self.intent is not None:
             fields[FIELD_INTENT] = self.intent
             fields[FIELD_INTENT_CONFIDENCE] = round(self.intent_confidence or 0.0, 4)
+        if self.intent_likely is not None:
+            fields[FIELD_INTENT_LIKELY] = self.intent_likely
         return fields
 
     @classmethod
@@ -169,6 +174,7 @@ class CacheEntry(msgspec.Struct, frozen=True, kw_only=True):
                 user=text.get(FIELD_USER),
                 intent=text.get(FIELD_INTENT),
                 intent_confidence=float(text[FIELD_INTENT_CONFIDENCE]) if FIELD_INTENT_CONFIDENCE in text else None,
+                intent_likely=text.get(FIELD_INTENT_LIKELY),
                 embedding=embedding.encode() if isinstance(embedding, str) else embedding,
                 **{name: int(text[name]) for name in _INTEGER_FIELDS},
             )

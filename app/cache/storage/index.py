@@ -31,6 +31,7 @@ from app.cache.storage.keys import (
     FIELD_INTENT,
     FIELD_INTENT_CHECKED,
     FIELD_INTENT_CONFIDENCE,
+    FIELD_INTENT_LIKELY,
     FIELD_INTENT_REFUTED,
     FIELD_QUESTION,
     FIELD_ROOT,
@@ -114,7 +115,7 @@ class SemanticIndex:
             vector=vector.astype(np.float32).tobytes(),
             vector_field_name=FIELD_EMBEDDING,
             return_fields=[FIELD_QUESTION, FIELD_ANSWER, FIELD_ROOT, FIELD_WRONG_ABOVE, FIELD_SOURCE, FIELD_INTENT,
-                           FIELD_INTENT_CONFIDENCE, FIELD_INTENT_REFUTED, FIELD_INTENT_CHECKED],
+                           FIELD_INTENT_CONFIDENCE, FIELD_INTENT_REFUTED, FIELD_INTENT_CHECKED, FIELD_INTENT_LIKELY],
             filter_expression=scope_filter(query),
             num_results=limit,
             return_score=True,
@@ -140,7 +141,7 @@ class SemanticIndex:
         knn = VectorQuery(
             vector=vector.astype(np.float32).tobytes(), vector_field_name=FIELD_EMBEDDING,
             return_fields=[FIELD_QUESTION, FIELD_ANSWER, FIELD_ROOT, FIELD_WRONG_ABOVE, FIELD_SOURCE, FIELD_INTENT,
-                           FIELD_INTENT_CONFIDENCE, FIELD_INTENT_REFUTED, FIELD_INTENT_CHECKED],
+                           FIELD_INTENT_CONFIDENCE, FIELD_INTENT_REFUTED, FIELD_INTENT_CHECKED, FIELD_INTENT_LIKELY],
             filter_expression=scope_filter(query) & (Tag(FIELD_INTENT) == intent), num_results=limit, return_score=True)
         try:
             rows = await index.query(knn)

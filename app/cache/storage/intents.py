@@ -120,6 +120,13 @@ class HeadMeta(msgspec.Struct, frozen=True, kw_only=True):
     # cross-validation showed within the bound, below the certified ``threshold`` or without one;
     # each such hit is checked, and its intent's record can stop it (app/cache/decision/rules.py).
     probation: float = 1.01
+    # The veto sets a row aside when the head gives the two questions less than this probability
+    # of sharing an intent (:meth:`IntentGuess.shared_chance`); 0: no such veto (heads loaded before it).
+    veto_below: float = 0.0
+    # The highest confidence the file's out-of-scope stand-ins, each held out, were read at as an
+    # intent the rule serves: a model's answer cached under a reading below it may be the answer to
+    # an out-of-scope question, and serves its intent only once a check agreed (0: no stand-ins).
+    stand_in_reach: float = 0.0
 
     @property
     def serving(self) -> bool:
@@ -151,6 +158,9 @@ class IntentGuess(msgspec.Struct, frozen=True, kw_only=True):
         beyond_floor: From which similarity it looks there (:class:`HeadMeta`).
         likely: The probability of every intent at ``LIKELY_FLOOR`` or above (the top one
             included): how likely the question is to be of a cached row's intent.
+        probation: The confidence the rule serves from on probation (:class:`HeadMeta`).
+        veto_below: The veto's floor on the two questions' chance of one intent (:class:`HeadMeta`).
+        stand_in_reach: How confidently out-of-scope stand-ins were read (:class:`HeadMeta`).
     """
 
     intent: str
@@ -162,6 +172,8 @@ class IntentGuess(msgspec.Struct, frozen=True, kw_only=True):
     beyond_floor: float = -1.0
     likely: dict[str, float] = msgspec.field(default_factory=dict)
     probation: float = 1.01
+    veto_below: float = 0.0
+    stand_in_reach: float = 0.0
 
     @property
     def lowest(self) -> float:
@@ -171,6 +183,33 @@ class IntentGuess(msgspec.Struct, frozen=True, kw_only=True):
     def chance_of(self, intent: str) -> float:
         """The head's probability that the question is of ``intent`` (0 under ``LIKELY_FLOOR``)."""
         return self.likely.get(intent, 0.0)
+
+    def shared_chance(self, cached: Mapping[str, float]) -> float:
+        """The head's probability that this question and a cached one (its likely intents) share an
+        intent: the sum over intents of the two probabilities' product (each under
+        ``LIKELY_FLOOR`` counted as 0, on both sides, as the calibration counts it)."""
+        return sum(p * cached.get(intent, 0.0) for intent, p in self.likely.items())
+
+
+def likely_json(likely: Mapping[str, float]) -> str:
+    """A question's likely intents as stored on its document (``intent_likely``)."""
+    return msgspec.json.encode({intent: round(p, 4) for intent, p in likely.items()}).decode()
+
+
+def likely_from(raw: object) -> dict[str, float] | None:
+    """A document's stored likely intents; ``None`` when absent or unreadable."""
+    text = as_text(raw)
+    if not text:
+        return None
+    try:
+        return msgspec.json.decode(text, type=dict[str, float])
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def likely_rows(probabilities: np.ndarray, intents: Sequence[str]) -> list[dict[str, float]]:
+    """Each row's intents at ``LIKELY_FLOOR`` or above with their probabilities."""
+    return [{intents[int(j)]: float(row[j]) for j in np.flatnonzero(row >= LIKELY_FLOOR)} for row in probabilities]
 
 
 class IntentHead:
@@ -195,10 +234,15 @@ class IntentHead:
         probabilities = softmax_probabilities(self.weights, self.bias, np.atleast_2d(vector))[0]
         i = int(probabilities.argmax())
         sure = float(probabilities[i])
-        likely = {self.meta.intents[j]: float(probabilities[j]) for j in np.flatnonzero(probabilities >= LIKELY_FLOOR)}
-        return IntentGuess(intent=self.meta.intents[i], confidence=sure, confident=sure >= self.meta.threshold,
-                           shared=self.meta.shared[i], threshold=self.meta.threshold, beyond_band=self.meta.beyond_band,
-                           beyond_floor=self.meta.beyond_floor, likely=likely, probation=self.meta.probation)
+        meta = self.meta
+        return IntentGuess(intent=meta.intents[i], confidence=sure, confident=sure >= meta.threshold,
+                           shared=meta.shared[i], threshold=meta.threshold, beyond_band=meta.beyond_band,
+                           beyond_floor=meta.beyond_floor, likely=likely_rows(probabilities[None, :], meta.intents)[0],
+                           probation=meta.probation, veto_below=meta.veto_below, stand_in_reach=meta.stand_in_reach)
+
+    def probabilities(self, vectors: np.ndarray) -> np.ndarray:
+        """Each row's probability of every intent."""
+        return softmax_probabilities(self.weights, self.bias, np.atleast_2d(vectors))
 
     def to_hash(self) -> dict[str, bytes]:
         return {"meta": msgspec.json.encode(self.meta), "weights": self.weights.tobytes(), "bias": self.bias.tobytes()}

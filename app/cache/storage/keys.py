@@ -121,6 +121,9 @@ FIELD_WRONG_ABOVE = "wrong_above"
 # (or the team's own label, for a curated answer of an intent), and how sure the head was.
 FIELD_INTENT = "intent"
 FIELD_INTENT_CONFIDENCE = "intent_confidence"
+# The head's probability of every intent it gave the question at LIKELY_FLOOR or above, as JSON
+# ({"intent": 0.62, ...}): the veto reads from it how likely two questions are to share an intent.
+FIELD_INTENT_LIKELY = "intent_likely"
 # Set (1) on a document and its entry when a hit the intent rule served from them was measured
 # wrong (explored, or a user's "wrong"): the answer is not its intent's, whatever the head reads
 # in the question, so the rule serves it no more (a load's relabelling keeps it).
