@@ -364,7 +364,8 @@ def cmd_replay_run(args: argparse.Namespace, settings: Settings) -> int:
         from app.replay.simulate import run_simulated
 
         report = run_simulated(stream, settings=settings, category=args.category, faq=faq, feedback=args.feedback,
-                               judge=args.judge, judge_error=args.judge_error, review=args.review, intents=intents)
+                               judge=args.judge, judge_error=args.judge_error, review=args.review, intents=intents,
+                               decisions=args.decisions)
         where = "simulated (own Redis Stack, labelled upstream, in-process Strata)"
     else:
         async def go() -> Report:
@@ -717,6 +718,9 @@ def parser() -> argparse.ArgumentParser:
     run_step.add_argument("--review", type=int, default=0, metavar="N",
                           help="with --simulate: a reviewer settles the N most asked review-queue items per 1,000 "
                                "requests, knowing the stream's labels (the console's review queue)")
+    run_step.add_argument("--decisions", action="store_true",
+                          help="with --simulate: keep each request's decision (the rule and verdict of its semantic "
+                               "lookup, from its trace) in the JSON report")
     run_step.add_argument("--settle", action="store_true",
                           help="with --url: after each request, wait until strata_judge_pending on /metrics is 0")
     run_step.set_defaults(run=cmd_replay_run)

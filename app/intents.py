@@ -376,10 +376,12 @@ def guard_words(calibration: Calibration) -> str:
         said += (f". For every rule, a cached question the head gives less than {calibration.veto_below:.1%} of a "
                  f"chance of sharing the asked one's intent is set aside (held out: {calibration.veto_same:.1%} of the "
                  f"file's nearest pairs of one intent, {calibration.veto_other:.1%} of those of two)")
-    if calibration.stand_in_reach > 0:
-        said += (f". A model's answer cached under a reading below {calibration.stand_in_reach:.3f} (out-of-scope "
-                 f"questions, held out, were read that confidently as an intent) serves its intent only once a check "
-                 f"agreed: its first match is answered by the model, which checks it")
+    reached = [r for r in calibration.stand_in_reach if r > 0]
+    if reached:
+        said += (f". Out-of-scope questions, held out, were read as {len(reached)} of the intents (up to "
+                 f"{max(reached):.3f}): a model's answer cached under a reading of such an intent no surer than they "
+                 f"reached serves it only once a check agreed (its first match is answered by the model, which "
+                 f"checks it)")
     return said
 
 

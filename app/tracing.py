@@ -48,6 +48,9 @@ CATEGORY = "strata.category"
 RULE = "strata.decision.rule"
 VERDICT = "strata.decision.verdict"
 SIMILARITY = "strata.decision.similarity"
+# The rows the decision set aside (their reasons, in order) and the rows it looked at beyond the band.
+SET_ASIDE = "strata.decision.set_aside"
+BEYOND = "strata.decision.beyond_band"
 CANDIDATES = "strata.knn.candidates"
 QUESTION = "strata.question"  # only with STRATA_OTEL_CAPTURE_TEXT
 CACHED_QUESTION = "strata.cached_question"  # likewise

@@ -167,6 +167,33 @@ def figures(report: dict[str, Any], stream: Path) -> dict[str, Any]:
             "oos_any": len(oos), "model_calls": report.get("model_calls")}
 
 
+def lost(report: dict[str, Any], stream: Path, served_right: list[int]) -> list[tuple[str, int]]:
+    """Where the pipeline lost what the static head served right, request by request: each such
+    request's outcome in the pipeline (a wrong hit; an exact hit; else its semantic decision, from
+    ``replay run --decisions``: the verdict and rule, a "none" by the nearest row's similarity), most first."""
+    trace = [step.split(":", 2) for step in report["trace"]]
+    decisions = report.get("decisions") or [""] * len(trace)
+    wrong_at = {hit["index"] for hit in report["wrong_hits"]}
+    tally: dict[str, int] = {}
+    for i in served_right:
+        layer = trace[i][0]
+        if layer == "semantic-hit" and i not in wrong_at:
+            continue
+        if i in wrong_at:
+            why = "served wrong"
+        elif layer != "miss":
+            why = layer
+        else:
+            verdict, rule, similarity, set_aside, beyond = [*decisions[i].split("|"), "", "", "", "", ""][:5]
+            nearest = float(similarity) if similarity else 0.0
+            reach = "<0.5" if nearest < 0.5 else "0.5-0.8" if nearest < 0.8 else ">=0.8"
+            aside = f"; set aside: {set_aside}" if set_aside else ""
+            why = f"{verdict} {rule}".strip() + aside if verdict != "none" else \
+                f"none (nearest {reach}; {beyond or 0} beyond the band{aside})"
+        tally[why] = tally.get(why, 0) + 1
+    return sorted(tally.items(), key=lambda t: -t[1])
+
+
 def serving_confidence(load_output: str) -> float | None:
     """The lowest confidence the loaded head serves at (on probation or certified), from the
     load's line (``confidence >= X``); ``None``: it serves nothing."""
@@ -174,7 +201,7 @@ def serving_confidence(load_output: str) -> float | None:
     return min(found) if found else None
 
 
-def static_ceiling(team: Path, stream: Path, threshold: float) -> dict[str, float]:
+def static_ceiling(team: Path, stream: Path, threshold: float) -> dict[str, Any]:
     """The tenant's own head replayed statically as a cache keyed by its reading (issue #62 item
     0): fitted on the team's file as ``strata intents load`` fits it (its out-of-scope questions,
     or Strata's stand-ins), reading what the load's head reads (all-MiniLM-L6-v2 for an English
@@ -213,7 +240,7 @@ def static_ceiling(team: Path, stream: Path, threshold: float) -> dict[str, floa
                           for level in CEILING_LEVELS) if r["wrong"] <= 0.01 * r["served"]]
     best = max(within, key=lambda r: r["captured"], default={"captured": 0.0, "served": 0, "wrong": 0, "level": 1.0})
     return {**at, "best_captured": best["captured"], "best_level": best["level"],
-            "best_wrong": best["wrong"] / max(1, best["served"])}
+            "best_wrong": best["wrong"] / max(1, best["served"]), "best_right_at": best.get("right_at", [])}
 
 
 # The thresholds the static head is replayed at to find its best within the bound, in hindsight.
@@ -221,13 +248,14 @@ CEILING_LEVELS = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.93, 0.95, 0.97, 0.98, 0.99, 0
 
 
 def replay_static(requests: list[Any], asked: list[str], vectors: Any, read: Any, sure: Any, out_of_scope: set[int],
-                  threshold: float) -> dict[str, float]:
+                  threshold: float) -> dict[str, Any]:
     """:func:`static_ceiling`'s replay at one threshold."""
     import numpy as np
 
     seen_texts: set[str] = set()
     cached: dict[int, list[int]] = {}  # intent -> the requests cached, read as it confidently
     served = wrong = right = 0
+    right_at: list[int] = []
     for i, (text, request, intent, confidence) in enumerate(zip(asked, requests, read, sure, strict=True)):
         if text in seen_texts:
             continue
@@ -242,10 +270,12 @@ def replay_static(requests: list[Any], asked: list[str], vectors: Any, read: Any
                 wrong += 1
             else:
                 right += 1
+                right_at.append(i)
             continue
         if confident:
             cached.setdefault(int(intent), []).append(i)
-    return {"captured": right / max(1, opportunity_of(requests)), "served": served, "wrong": wrong, "level": threshold}
+    return {"captured": right / max(1, opportunity_of(requests)), "served": served, "wrong": wrong, "level": threshold,
+            "right_at": right_at}
 
 
 def head_cost(intents: int = 150, dims: int = 512, reads: int = 20_000) -> float:
@@ -292,20 +322,22 @@ def main(argv: list[str] | None = None) -> int:
           "OOS served (intent / any) | model calls | its head's static ceiling (wrong); reached | "
           "the same head's best within 1%, in hindsight; reached |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    losses: dict[str, list[tuple[str, int]]] = {}
     for seed in args.seeds:
         for arm, (stream, team) in build(seed).items():
             if args.only and arm not in args.only:
                 continue
             report_path = out / f"{arm}-s{seed}.json"
             if not report_path.exists():
-                command = [*STRATA, "replay", "run", "--simulate", "--stream", str(stream), "--category", "faq",
-                           "--json", str(report_path)] + (["--intents", str(team)] if team else [])
+                command = [*STRATA, "replay", "run", "--simulate", "--decisions", "--stream", str(stream), "--category",
+                           "faq", "--json", str(report_path)] + (["--intents", str(team)] if team else [])
                 done = subprocess.run(command, capture_output=True, text=True, env=env)
                 (out / f"{arm}-s{seed}.txt").write_text(done.stdout + done.stderr, encoding="utf-8")
                 if done.returncode:
                     print(f"| {arm} | failed: see {out}/{arm}-s{seed}.txt |", file=sys.stderr)
                     continue
-            f = figures(msgspec.json.decode(report_path.read_bytes()), stream)
+            report = msgspec.json.decode(report_path.read_bytes())
+            f = figures(report, stream)
             share = f["semantic"] / max(1, f["requests"])
             said = (out / f"{arm}-s{seed}.txt").read_text(encoding="utf-8") if team else ""
             level = serving_confidence(said) if team else None
@@ -318,6 +350,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"{f['wrong']} ({f['wrong'] / max(1, f['semantic']):.2%}) | {f['captured']:.2f} | {f['intent_hits']} "
                   f"({f['probation_hits']}; {f['intent_wrong']}) | {f['worst_window']:.2%} | "
                   f"{f['oos_by_intent']} / {f['oos_any']} | {f['model_calls']} | {of_ceiling} | {best} |", flush=True)
+            if ceiling:
+                losses[f"{arm} s{seed}"] = lost(report, stream, ceiling["right_at"])
+    for arm, where in losses.items():  # item 0: where the pipeline loses what its head reads
+        print(f"\n{arm}: of the static head's right hits at its serving confidence, the pipeline lost "
+              f"{sum(n for _, n in where)}: " + ", ".join(f"{why} {n}" for why, n in where))
     return 0
 
 

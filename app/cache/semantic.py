@@ -168,9 +168,12 @@ class SemanticCache:
                 beyond = [row for row in await self.store_index.candidates_of_intent(query, vector, guess.intent, OF_INTENT)
                           if row.similarity >= floor]
             with tracing.span(tracing.DECIDE) as step:
-                decided = await self.adaptive.decide(query, question, rows, guess, beyond_band=beyond)
+                set_aside: list[str] | None = [] if step is not None else None
+                decided = await self.adaptive.decide(query, question, rows, guess, beyond_band=beyond,
+                                                     set_aside=set_aside)
                 if step is not None:
                     self._trace_decision(step, question, decided, rows)
+                    tracing.note(step, {tracing.SET_ASIDE: ",".join(set_aside or []), tracing.BEYOND: len(beyond)})
             if isinstance(decided, Serve):
                 check = decided.check or self._asked_again(query, decided)
                 return self._hit(decided.row, decided.reason, decided.score_bin, check)

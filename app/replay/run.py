@@ -39,6 +39,8 @@ class Replayed:
     # (``twin``: the hard case), or this very question was served wrongly before (``repeat``).
     wrong_kind: str | None = None
     verdict: str | None = None  # X-Cache-Verdict of a semantic hit: the rule that served it
+    # The semantic lookup's decision, from its trace (``verdict|rule|...``; "" without one): why a miss missed.
+    decision: str = ""
 
     @property
     def wrong(self) -> bool:
@@ -138,6 +140,8 @@ class Report:
             "semantic_hits": [[o.similarity, int(o.wrong), o.verdict] for o in self.outcomes if o.layer == "semantic-hit"],
             # Every request's layer and rule, in order: two runs compared hit for hit (issue #45).
             "trace": [f"{o.layer}:{o.verdict or ''}:{o.served_label or ''}" for o in self.outcomes],
+            # Every request's semantic decision (``replay run --simulate --decisions``): where reach is lost.
+            "decisions": [o.decision for o in self.outcomes],
         }), indent=1)
 
 
@@ -151,7 +155,8 @@ def _content(body: Any) -> str | None:
 
 async def replay(stream: Sequence[Request], client: Poster, *, model: str, category: str,
                  after_each: Callable[[], Awaitable[None]] | None = None,
-                 known_answers: dict[str, str] | None = None, feedback: float = 0.0, seed: int = 0) -> Report:
+                 known_answers: dict[str, str] | None = None, feedback: float = 0.0, seed: int = 0,
+                 decision_of: Callable[[], str] | None = None) -> Report:
     """Send the stream one request at a time and tally the outcomes.
 
     Args:
@@ -165,6 +170,7 @@ async def replay(stream: Sequence[Request], client: Poster, *, model: str, categ
         feedback: The share of wrong semantic hits the asker reports (``POST /v1/feedback``
             with ``verdict: wrong``), as users of a bot with a thumbs-down button would.
         seed: Seed of the draws of which wrong hits are reported.
+        decision_of: Read after each response: that request's semantic decision (the simulation's traces).
     """
     report = Report()
     reporter = random.Random(seed)
@@ -186,7 +192,8 @@ async def replay(stream: Sequence[Request], client: Poster, *, model: str, categ
         similarity = response.headers.get("x-cache-similarity")
         outcome = Replayed(layer=layer, label=request.label, served_label=served, seconds=seconds,
                            text=request.text, similarity=float(similarity) if similarity else None,
-                           verdict=response.headers.get("x-cache-verdict") or None)
+                           verdict=response.headers.get("x-cache-verdict") or None,
+                           decision=decision_of() if decision_of is not None else "")
         if outcome.wrong:
             outcome.wrong_kind = "repeat" if request.text in served_wrongly else \
                 "twin" if request.label in produced.values() else "first_meeting"

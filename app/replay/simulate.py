@@ -180,9 +180,34 @@ class Reviewer:
         await bucket.review.remove(tag, item, "reviewed" if asked is not None and cached is not None else "unlabelled")
 
 
+class InMemorySpans:
+    """The simulation's traces, kept in memory and read request by request."""
+
+    def __init__(self) -> None:
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+        self.exporter = InMemorySpanExporter()
+
+    def decision(self) -> str:
+        """The last request's semantic decision (``verdict|rule|similarity|set_aside|beyond``: the
+        nearest row's similarity when no rule ruled, the reasons of the rows set aside, the rows
+        looked at beyond the band), and the spans forgotten."""
+        from app import tracing
+
+        found = ""
+        for span in self.exporter.get_finished_spans():
+            if span.name == tracing.DECIDE and span.attributes is not None:
+                said = span.attributes
+                found = "|".join(str(said.get(name, "")) for name in (tracing.VERDICT, tracing.RULE, tracing.SIMILARITY,
+                                                                      tracing.SET_ASIDE, tracing.BEYOND))
+        self.exporter.clear()
+        return found
+
+
 def run_simulated(stream: list[Any], *, settings: Settings, category: str, encoder: Any = None,
                   faq: list[Any] | None = None, feedback: float = 0.0, judge: str = "",
-                  judge_error: float = 0.0, review: int = 0, reader: Any = None, intents: list[Any] | None = None) -> Any:
+                  judge_error: float = 0.0, review: int = 0, reader: Any = None, intents: list[Any] | None = None,
+                  decisions: bool = False) -> Any:
     """Replay a stream through an in-process Strata over an own, empty Redis Stack and the
     labelled upstream; observations settle after every request, so the counts are the same
     on every run of the same stream.
@@ -200,6 +225,8 @@ def run_simulated(stream: list[Any], *, settings: Settings, category: str, encod
             first, approving exactly when the stream's labels agree (the console's reviewer).
         reader: A reader to use as it is (``docs/experiments/bench/reader_record.py`` recorded one's verdicts);
             else ``judge``, else the configured one.
+        decisions: Trace every request in memory and keep its semantic decision on its outcome
+            (``verdict:rule``; "" for a request that made none, an exact hit).
 
     Returns:
         The ``app.replay.run.Report``.
@@ -233,7 +260,9 @@ def run_simulated(stream: list[Any], *, settings: Settings, category: str, encod
             reader = OracleReader({normalize_text(r.text): r.label for r in stream}, error=judge_error)
         elif judge:
             raise ValueError(f"unknown simulated judge {judge!r} (oracle)")
-        app = create_app(simulated, encoder=encoder, reader=reader)
+        spans = InMemorySpans() if decisions else None
+        app = create_app(simulated, encoder=encoder, reader=reader,
+                         span_exporter=spans.exporter if spans is not None else None)
 
         async def go() -> Any:
             # The app on this very event loop (ASGI, no socket), so the replay can let its
@@ -268,7 +297,8 @@ def run_simulated(stream: list[Any], *, settings: Settings, category: str, encod
                 reviewer = Reviewer(resources, labels, category, review, settle) if review else None
                 report = await replay(stream, client, model="simulated", category=category,
                                       after_each=reviewer.after_each if reviewer else settle,
-                                      known_answers=known, feedback=feedback)
+                                      known_answers=known, feedback=feedback,
+                                      decision_of=spans.decision if spans is not None else None)
                 report.model_calls = upstream.calls
                 bucket = resources.cache.each[0].bucket
                 tag = await resources.cache.each[0].versions.refresh()

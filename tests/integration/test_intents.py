@@ -318,6 +318,45 @@ def test_an_unchecked_answer_stands_for_its_intent_only_once_the_model_agreed(
         assert answer.headers.get("x-cache-verdict") == "intent_match", dict(answer.headers)
 
 
+def test_a_model_answer_read_no_surer_than_out_of_scope_questions_serves_its_intent_once_checked(
+        strata: str, redis_url: str, fake_upstream: FakeUpstream, tmp_path: Path) -> None:
+    """Issue #62 item 4: a cached question the head reads no more confidently than the load's
+    out-of-scope stand-ins were read as an intent may be an out-of-scope question: its first
+    match is answered by the model, whose answer checks it; served by intent once it agreed."""
+    if redis_url.startswith("redis+cluster://"):
+        pytest.skip("the head's meta is rewritten with a plain client")
+    from app.cache.storage.keys import INTENTS_GENERATION_KEY, intents_key
+
+    scoped = {"X-Cache-Category": "learn_intents_scoped"}
+    fake_upstream.reset()
+    refund = "Open Orders, choose the order and press Request refund; the money is back within five days."
+    fake_upstream.answers.update({"i want a refund for my order": refund, "can you refund my order": refund})
+    loaded = run_cli("intents", "load", str(team_file(tmp_path)), "--category", "learn_intents_scoped",
+                     env={"STRATA_REDIS_URL": redis_url})
+    assert loaded.returncode == 0, loaded.stderr
+    redis_sync = redis.Redis.from_url(redis_url)
+    key = intents_key("learn_intents_scoped", "default")
+    meta = json.loads(redis_sync.hget(key, "meta") or b"{}")
+    assert meta["threshold"] <= 1 and "stand_in_reach" in meta and "veto_below" in meta, meta
+    # Out-of-scope questions were read as every intent at up to 0.9999: no model answer's reading is beyond.
+    redis_sync.hset(key, "meta", json.dumps({**meta, "stand_in_reach": [0.9999] * len(meta["intents"])}))
+    redis_sync.incr(INTENTS_GENERATION_KEY)
+    assert eventually(lambda: [h for h in intents_on_health(strata) if h["category"] == "learn_intents_scoped"
+                               and h["status"] == "serving"], timeout=15), intents_on_health(strata)
+    assert ask(strata, "i want a refund for my order", headers=scoped).headers["x-cache"] == "miss"
+    held = ask(strata, "can you refund my order", headers=scoped)
+    assert held.headers["x-cache"] == "miss", dict(held.headers)
+    prefix = keyspace(redis_sync, "default", "learn_intents_scoped").semantic_prefix("v1")
+    assert eventually(lambda: any(redis_sync.hget(k, "question") == b"i want a refund for my order"
+                                  and redis_sync.hget(k, "intent_checked") == b"1"
+                                  for k in redis_sync.scan_iter(match=prefix + "*")))
+    answer = ask(strata, "can you refund my order please", headers=scoped)
+    assert answer.headers.get("x-cache-verdict") == "intent_match", dict(answer.headers)
+    assert run_cli("intents", "remove", "--category", "learn_intents_scoped",
+                   env={"STRATA_REDIS_URL": redis_url}).returncode == 0
+    fake_upstream.reset()
+
+
 ZH_TEAM = {
     "refund": ["怎么退款", "我要退款", "如何申请退款", "退款怎么操作", "钱什么时候退回来", "申请退钱"],
     "invoice": ["怎么开发票", "我要开发票", "如何申请发票", "发票怎么开", "电子发票在哪里下载", "开具增值税发票"],

@@ -232,14 +232,18 @@ def test_the_load_measures_the_vetos_floor_and_how_far_out_of_scope_questions_re
     assert (fold.probabilities.argmax(axis=1) == fold.predicted).all()
     floor, same, other = shared_chance_floor(fold)
     assert 0.0 < floor <= 0.2 and same <= 0.02 and other > same
-    reach = stand_in_reach(fold)
+    reach = stand_in_reach(fold, 11)
     out = fold.unknown & ~scoped[fold.predicted]
-    assert out.any() and reach == fold.confidence[out].max()
+    assert out.any() and max(reach) == fold.confidence[out].max() and reach[10] == 0.0
+    # Per intent: each intent's reach is what the stand-ins read as it reached, 0 where none was.
+    for intent in range(10):
+        mine = out & (fold.predicted == intent)
+        assert reach[intent] == (fold.confidence[mine].max() if mine.any() else 0.0)
     # Read as their own out-of-scope class only: nothing reaches an intent.
     certain = Fold(labels=np.array([0, 1]), predicted=np.array([0, 1]), confidence=np.array([0.9, 0.99]),
                    unknown=np.array([False, True]), neighbours=np.full((2, 8), -1), of_intent=np.full((2, 4), -1),
                    servable=np.array([True, False]))
-    assert stand_in_reach(certain) == 0.0
+    assert stand_in_reach(certain, 2) == [0.0, 0.0]
     # Too few pairs of one intent to place a floor: none.
     assert shared_chance_floor(certain) == (0.0, 0.0, 0.0)
     shown = calibrate(vectors, labels, 11, 0.05, 0.0, out_of_scope=scoped, servable=~scoped)

@@ -118,7 +118,7 @@ class AdaptiveDecision:
 
     async def decide(self, query: CacheQuery, question: str, rows: Sequence[Nearest],
                      asked_intent: IntentGuess | None = None,
-                     beyond_band: Sequence[Nearest] = ()) -> Serve | Candidate | None:
+                     beyond_band: Sequence[Nearest] = (), set_aside: list[str] | None = None) -> Serve | Candidate | None:
         """Rule on the nearest row of the band no guard sets aside.
 
         Args:
@@ -131,6 +131,8 @@ class AdaptiveDecision:
             beyond_band: The nearest rows read as the asked intent below the band, when the band
                 has none (a head on a second embedder): only the guards, the document's veto and
                 the intent rule rule on them, before the band.
+            set_aside: Given (a traced request), each row set aside is noted in it: the reason
+                (``beyond:<reason>`` for a row beyond the band; ``beyond:passed`` where no rule ruled).
 
         Returns:
             The candidate to serve; or one to learn from once the model has answered (not
@@ -151,7 +153,7 @@ class AdaptiveDecision:
         # it, unless a row of the band serves.
         pending: Candidate | None = None
         for row in beyond_band:
-            decided = await self._beyond_band(query, question, row, rows, asked_intent, pool)
+            decided = await self._beyond_band(query, question, row, rows, asked_intent, pool, set_aside)
             if isinstance(decided, Candidate) and decided.refused:
                 pending = pending or decided
             elif decided is not None:
@@ -175,6 +177,8 @@ class AdaptiveDecision:
             ruling = await self._rule(facts)
             if ruling.next_row:
                 self._check.held(ruling.verdict.reason)
+                if set_aside is not None:
+                    set_aside.append(ruling.verdict.reason)
                 continue
             self._check.count(ruling.verdict)
             outcome = self._outcome(facts, ruling, rows, policy)
@@ -182,7 +186,8 @@ class AdaptiveDecision:
         return pending
 
     async def _beyond_band(self, query: CacheQuery, question: str, row: Nearest, rows: Sequence[Nearest],
-                           asked_intent: IntentGuess | None, pool: PoolOnce) -> Serve | Candidate | None:
+                           asked_intent: IntentGuess | None, pool: PoolOnce,
+                           set_aside: list[str] | None = None) -> Serve | Candidate | None:
         """A row below the band, read as the asked intent: served (or explored) only when the
         intent rule serves it past the guards and the document's veto; else ``None``."""
         policy = query.category.semantic
@@ -199,9 +204,13 @@ class AdaptiveDecision:
             if ruling is None:
                 continue
             if not ruling.verdict.accepted and not ruling.check_after:
+                if set_aside is not None:
+                    set_aside.append(f"beyond:{ruling.verdict.reason}")
                 return None
             self._check.count(ruling.verdict)
             return self._outcome(facts, ruling, [row, *rows], policy)
+        if set_aside is not None:
+            set_aside.append("beyond:passed")
         return None
 
     async def _rule(self, facts: Facts) -> Ruling:

@@ -232,8 +232,8 @@ class Calibration(msgspec.Struct, frozen=True, kw_only=True):
     veto_below: float = 0.0
     veto_same: float = 0.0
     veto_other: float = 0.0
-    # How confidently the held-out out-of-scope stand-ins were read as a servable intent (:func:`stand_in_reach`).
-    stand_in_reach: float = 0.0
+    # Per intent, how confidently the held-out out-of-scope stand-ins were read as it (:func:`stand_in_reach`).
+    stand_in_reach: list[float] = msgspec.field(default_factory=list)
 
 
 class Fold(msgspec.Struct, frozen=True, kw_only=True):
@@ -413,13 +413,17 @@ def shared_chance_floor(fold: Fold) -> tuple[float, float, float]:
     return floor, float(below[same].mean()), float(below[~same].mean()) if (~same).any() else 0.0
 
 
-def stand_in_reach(fold: Fold) -> float:
-    """The highest confidence at which a held-out out-of-scope phrasing (the file's own or
-    Strata's stand-ins; or an intent held out, for a file without them) was read as an intent the
-    rule serves: a cached question read below it may be out of scope (0: none read so)."""
+def stand_in_reach(fold: Fold, classes: int) -> list[float]:
+    """Per intent, the highest confidence at which a held-out out-of-scope phrasing (the file's
+    own or Strata's stand-ins; or an intent held out, for a file without them) was read as that
+    intent, where the rule serves it: a cached question read as it below that may be out of
+    scope (0: none read so). Per intent: out-of-scope questions about the weather reach a
+    weather intent, not the others."""
     servable = fold.servable[fold.predicted] if fold.servable is not None else np.ones(len(fold.labels), dtype=bool)
-    reached = fold.confidence[fold.unknown & servable]
-    return float(reached.max()) if reached.size else 0.0
+    reach = np.zeros(classes)
+    stray = fold.unknown & servable
+    np.maximum.at(reach, fold.predicted[stray], fold.confidence[stray])
+    return [float(r) for r in reach]
 
 
 def _trial(held: list[Fold], tau: float, beyond_band: bool) -> tuple[float, np.ndarray, np.ndarray]:
@@ -486,4 +490,4 @@ def calibrate(vectors: np.ndarray, labels: np.ndarray, classes: int, error_bound
         held_out_wrong=float(wrong.sum() / max(1, served.sum())) if served.size else 0.0, held_out=len(labels),
         unknown_served=int((served & unknown).sum()) if served.size else 0,
         probation=probation, probation_served=probation_served, probation_wrong=probation_wrong,
-        veto_below=veto_below, veto_same=veto_same, veto_other=veto_other, stand_in_reach=stand_in_reach(held[0]))
+        veto_below=veto_below, veto_same=veto_same, veto_other=veto_other, stand_in_reach=stand_in_reach(held[0], classes))

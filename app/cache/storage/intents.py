@@ -123,10 +123,11 @@ class HeadMeta(msgspec.Struct, frozen=True, kw_only=True):
     # The veto sets a row aside when the head gives the two questions less than this probability
     # of sharing an intent (:meth:`IntentGuess.shared_chance`); 0: no such veto (heads loaded before it).
     veto_below: float = 0.0
-    # The highest confidence the file's out-of-scope stand-ins, each held out, were read at as an
-    # intent the rule serves: a model's answer cached under a reading below it may be the answer to
-    # an out-of-scope question, and serves its intent only once a check agreed (0: no stand-ins).
-    stand_in_reach: float = 0.0
+    # Per intent (``intents``' order), the highest confidence the file's out-of-scope stand-ins,
+    # each held out, were read at as it: a model's answer cached under a reading below it may be
+    # the answer to an out-of-scope question, and serves its intent only once a check agreed
+    # (empty: heads loaded before it, no such rule).
+    stand_in_reach: list[float] = msgspec.field(default_factory=list)
 
     @property
     def serving(self) -> bool:
@@ -160,7 +161,7 @@ class IntentGuess(msgspec.Struct, frozen=True, kw_only=True):
             included): how likely the question is to be of a cached row's intent.
         probation: The confidence the rule serves from on probation (:class:`HeadMeta`).
         veto_below: The veto's floor on the two questions' chance of one intent (:class:`HeadMeta`).
-        stand_in_reach: How confidently out-of-scope stand-ins were read (:class:`HeadMeta`).
+        stand_in_reach: How confidently out-of-scope stand-ins were read as its intent (:class:`HeadMeta`).
     """
 
     intent: str
@@ -238,7 +239,8 @@ class IntentHead:
         return IntentGuess(intent=meta.intents[i], confidence=sure, confident=sure >= meta.threshold,
                            shared=meta.shared[i], threshold=meta.threshold, beyond_band=meta.beyond_band,
                            beyond_floor=meta.beyond_floor, likely=likely_rows(probabilities[None, :], meta.intents)[0],
-                           probation=meta.probation, veto_below=meta.veto_below, stand_in_reach=meta.stand_in_reach)
+                           probation=meta.probation, veto_below=meta.veto_below,
+                           stand_in_reach=meta.stand_in_reach[i] if len(meta.stand_in_reach) == len(meta.intents) else 0.0)
 
     def probabilities(self, vectors: np.ndarray) -> np.ndarray:
         """Each row's probability of every intent."""
