@@ -194,6 +194,31 @@ def lost(report: dict[str, Any], stream: Path, served_right: list[int]) -> list[
     return sorted(tally.items(), key=lambda t: -t[1])
 
 
+GUARD_REASONS = ("numbers_differ", "values_differ", "order_differs", "negation_differs", "opposite_operations",
+                 "entities_differ", "owner_differs")
+
+
+def coarse(why: str) -> str:
+    """A loss of :func:`lost` in a few words: which part of the pipeline took it."""
+    if why == "served wrong":
+        return "served another label's answer"
+    if why.startswith("explored"):
+        return "explored (sent to the model to measure the rule)"
+    if "intent_unchecked" in why:
+        return "checked first (an entry's first match)"
+    if "wrong_before" in why:
+        return "a veto from an earlier wrong answer"
+    if any(reason in why for reason in GUARD_REASONS):
+        return "the guards (numbers, negation, names ...)"
+    if "intent_differs" in why:
+        return "the head's veto"
+    if why.startswith("none"):
+        return "nothing within reach (the band's floor; beyond it, 0.45)"
+    if "outside_bound" in why:
+        return "no rule vouched (outside the bound)"
+    return why
+
+
 def serving_confidence(load_output: str) -> float | None:
     """The lowest confidence the loaded head serves at (on probation or certified), from the
     load's line (``confidence >= X``); ``None``: it serves nothing."""
@@ -235,11 +260,21 @@ def static_ceiling(team: Path, stream: Path, threshold: float) -> dict[str, Any]
     read, sure = head.read(vectors)
     out_of_scope = {n for n, item in enumerate(every) if item.out_of_scope}
     at = replay_static(requests, asked, vectors, read, sure, out_of_scope, threshold)
+    # The same with the guards the pipeline keeps (a simulated model answers per label, so the
+    # static replay counts "a timer for 5 minutes" served "a timer for 10 minutes" right; a real
+    # one would not be).
+    from app.cache.decision.verify import Lexicon, PairAnalyzer
+    from app.settings import PROJECT_ROOT
+
+    analyzer = PairAnalyzer(Lexicon.load(PROJECT_ROOT / "schemas" / "verification.yaml"))
+    guarded = replay_static(requests, asked, vectors, read, sure, out_of_scope, threshold,
+                            guard=lambda a, b: analyzer.signals(a, b).rejection)
     # The same head at the threshold that, in hindsight, captures most within the bound (1%).
     within = [r for r in (replay_static(requests, asked, vectors, read, sure, out_of_scope, level)
                           for level in CEILING_LEVELS) if r["wrong"] <= 0.01 * r["served"]]
     best = max(within, key=lambda r: r["captured"], default={"captured": 0.0, "served": 0, "wrong": 0, "level": 1.0})
-    return {**at, "best_captured": best["captured"], "best_level": best["level"],
+    return {**at, "guarded_captured": guarded["captured"], "guarded_wrong": guarded["wrong"] / max(1, guarded["served"]),
+            "best_captured": best["captured"], "best_level": best["level"],
             "best_wrong": best["wrong"] / max(1, best["served"]), "best_right_at": best.get("right_at", [])}
 
 
@@ -248,8 +283,9 @@ CEILING_LEVELS = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.93, 0.95, 0.97, 0.98, 0.99, 0
 
 
 def replay_static(requests: list[Any], asked: list[str], vectors: Any, read: Any, sure: Any, out_of_scope: set[int],
-                  threshold: float) -> dict[str, Any]:
-    """:func:`static_ceiling`'s replay at one threshold."""
+                  threshold: float, guard: Any = None) -> dict[str, Any]:
+    """:func:`static_ceiling`'s replay at one threshold; ``guard`` (asked, cached) -> a reason or
+    ``None``: the nearest cached question of the intent the guards let through serves."""
     import numpy as np
 
     seen_texts: set[str] = set()
@@ -261,8 +297,8 @@ def replay_static(requests: list[Any], asked: list[str], vectors: Any, read: Any
             continue
         seen_texts.add(text)
         confident = confidence >= threshold and int(intent) not in out_of_scope
-        if confident and cached.get(int(intent)):
-            same = cached[int(intent)]
+        same = [j for j in cached.get(int(intent), []) if guard is None or guard(text, asked[j]) is None]
+        if confident and same:
             nearest = same[int(np.argmax(vectors[same] @ vectors[i]))]
             served += 1
             label = request["label"]
@@ -320,8 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     print("| arm | team's data | seed | semantic | wrong | captured | intent hits (on probation; wrong) | worst 500 | "
           "OOS served (intent / any) | model calls | its head's static ceiling (wrong); reached | "
-          "the same head's best within 1%, in hindsight; reached |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "the same with the guards; reached | the same head's best within 1%, in hindsight; reached |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     losses: dict[str, list[tuple[str, int]]] = {}
     for seed in args.seeds:
         for arm, (stream, team) in build(seed).items():
@@ -346,15 +382,21 @@ def main(argv: list[str] | None = None) -> int:
                           f"{f['captured'] / max(1e-9, ceiling['captured']):.0%}") if ceiling else "-"
             best = (f"{ceiling['best_captured']:.2f} at {ceiling['best_level']:.3f} ({ceiling['best_wrong']:.2%}); "
                     f"{f['captured'] / max(1e-9, ceiling['best_captured']):.0%}") if ceiling else "-"
+            guarded = (f"{ceiling['guarded_captured']:.2f} ({ceiling['guarded_wrong']:.2%}); "
+                       f"{f['captured'] / max(1e-9, ceiling['guarded_captured']):.0%}") if ceiling else "-"
             print(f"| {arm} | {team.name if team else 'none'} | {seed} | {share:.1%} | "
                   f"{f['wrong']} ({f['wrong'] / max(1, f['semantic']):.2%}) | {f['captured']:.2f} | {f['intent_hits']} "
                   f"({f['probation_hits']}; {f['intent_wrong']}) | {f['worst_window']:.2%} | "
-                  f"{f['oos_by_intent']} / {f['oos_any']} | {f['model_calls']} | {of_ceiling} | {best} |", flush=True)
+                  f"{f['oos_by_intent']} / {f['oos_any']} | {f['model_calls']} | {of_ceiling} | {guarded} | {best} |", flush=True)
             if ceiling:
                 losses[f"{arm} s{seed}"] = lost(report, stream, ceiling["right_at"])
     for arm, where in losses.items():  # item 0: where the pipeline loses what its head reads
+        parts: dict[str, int] = {}
+        for why, n in where:
+            parts[coarse(why)] = parts.get(coarse(why), 0) + n
         print(f"\n{arm}: of the static head's right hits at its serving confidence, the pipeline lost "
-              f"{sum(n for _, n in where)}: " + ", ".join(f"{why} {n}" for why, n in where))
+              f"{sum(n for _, n in where)}: " + ", ".join(f"{why} {n}" for why, n in sorted(parts.items(), key=lambda t: -t[1])))
+        (out / f"{arm.replace(' ', '-')}-lost.txt").write_text("\n".join(f"{n} {why}" for why, n in where), encoding="utf-8")
     return 0
 
 
