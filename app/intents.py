@@ -378,10 +378,9 @@ def guard_words(calibration: Calibration) -> str:
                  f"file's nearest pairs of one intent, {calibration.veto_other:.1%} of those of two)")
     reached = [r for r in calibration.stand_in_reach if r > 0]
     if reached:
-        said += (f". Out-of-scope questions, held out, were read as {len(reached)} of the intents (up to "
-                 f"{max(reached):.3f}): a model's answer cached under a reading of such an intent no surer than they "
-                 f"reached serves it only once a check agreed (its first match is answered by the model, which "
-                 f"checks it)")
+        said += (f". Out-of-scope questions, held out, were read as {len(reached)} of the intents, up to "
+                 f"{max(reached):.3f}: a model's answer cached under a reading no surer than that serves its intent "
+                 f"only once a check agreed (its first match is answered by the model, which checks it)")
     return said
 
 

@@ -134,6 +134,10 @@ def test_the_head_sets_aside_a_row_it_gives_little_chance_of_sharing_the_asked_i
     assert not ruled(None)
     # A team's answer (its label at 1.0, no probabilities kept) is its intent for certain.
     assert ruled(None, cached_confidence=1.0)
+    # The asked side counts every intent's probability, not only its likely ones (as the load measured the floor).
+    guess = IntentGuess(intent="a", confidence=0.985, confident=False, shared=True, threshold=1.01,
+                        likely={"a": 0.985}, chances={"a": 0.985, "b": 0.015})
+    assert abs(guess.shared_chance({"b": 0.9, "c": 0.1}) - 0.0135) < 1e-9
 
 
 def test_a_model_answer_read_below_the_out_of_scope_stand_ins_reach_serves_its_intent_once_checked() -> None:

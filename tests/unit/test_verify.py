@@ -46,6 +46,8 @@ analyzer = PairAnalyzer(Lexicon.load(LEXICON))
     ("怎么取消自动续费", "怎么恢复自动续费", OPPOSITE_OPERATIONS),
     ("How do I enable two-factor login?", "How do I disable two-factor login?", OPPOSITE_OPERATIONS),
     ("How do I increase my limit?", "How do I decrease my limit?", OPPOSITE_OPERATIONS),
+    ("how can i unfreeze my bank account", "how do i freeze my bank account", OPPOSITE_OPERATIONS),
+    ("please unblock my card", "please block my card", OPPOSITE_OPERATIONS),
     ("Can you tell me my name?", "Can you tell me your name?", OWNER_DIFFERS),  # CLINC150's user_name / what_is_your_name
     ("What's your phone number?", "What's my phone number?", OWNER_DIFFERS),
     ("我的地址在哪里", "你们的地址在哪里", OWNER_DIFFERS),

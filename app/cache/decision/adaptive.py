@@ -150,7 +150,8 @@ class AdaptiveDecision:
         pool = PoolOnce(read_pool)
 
         # A row beyond the band the intent rule wants checked first: the model answers and checks
-        # it, unless a row of the band serves.
+        # it, unless a row of the band serves (the band's refused row then teaches nothing this
+        # time: one answer, one comparison).
         pending: Candidate | None = None
         for row in beyond_band:
             decided = await self._beyond_band(query, question, row, rows, asked_intent, pool, set_aside)
@@ -189,7 +190,9 @@ class AdaptiveDecision:
                            asked_intent: IntentGuess | None, pool: PoolOnce,
                            set_aside: list[str] | None = None) -> Serve | Candidate | None:
         """A row below the band, read as the asked intent: served (or explored) only when the
-        intent rule serves it past the guards and the document's veto; else ``None``."""
+        intent rule serves it past the guards and the document's veto; a refusal the intent rule
+        wants checked (the model answers, and its answer checks the entry) as that candidate;
+        else ``None``."""
         policy = query.category.semantic
         assert isinstance(policy, AdaptiveSemantic)
         check_row(row)

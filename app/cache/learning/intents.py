@@ -384,11 +384,11 @@ VETO_PAIRS = 100
 
 def shared_chances(fold: Fold, asker: np.ndarray, cached: np.ndarray) -> np.ndarray:
     """The head's probability that each pair shares an intent, from held-out readings: the sum
-    over intents of the two probabilities' product, each under ``LIKELY_FLOOR`` counted as 0 (as
-    a document keeps them: ``IntentGuess.shared_chance``)."""
+    over intents of the two probabilities' product, the cached side's under ``LIKELY_FLOOR``
+    counted as 0 (as its document keeps them: ``IntentGuess.shared_chance``)."""
     assert fold.probabilities is not None
     kept = np.where(fold.probabilities >= LIKELY_FLOOR, fold.probabilities, 0.0)
-    return np.asarray((kept[asker] * kept[cached]).sum(axis=1))
+    return np.asarray((fold.probabilities[asker] * kept[cached]).sum(axis=1))
 
 
 def shared_chance_floor(fold: Fold) -> tuple[float, float, float]:
