@@ -289,33 +289,49 @@ def test_an_entrys_first_intent_hit_is_checked_against_the_model_after_the_respo
     fake_upstream.reset()
 
 
+REFUND = "Open Orders, choose the order and press Request refund; the money is back within five days."
+
+
+def load_refund_team(redis_url: str, fake_upstream: FakeUpstream, tmp_path: Path, category: str) -> None:
+    """The team file loaded into ``category``, the model answering two refund questions alike."""
+    fake_upstream.reset()
+    fake_upstream.answers.update({"i want a refund for my order": REFUND, "can you refund my order": REFUND})
+    loaded = run_cli("intents", "load", str(team_file(tmp_path)), "--category", category,
+                     env={"STRATA_REDIS_URL": redis_url})
+    assert loaded.returncode == 0, loaded.stderr
+
+
+def serving(strata: str, category: str) -> None:
+    assert eventually(lambda: [h for h in intents_on_health(strata) if h["category"] == category
+                               and h["status"] == "serving"], timeout=15), intents_on_health(strata)
+
+
+def served_by_intent_once_checked(strata: str, redis_sync: redis.Redis | None, category: str) -> None:
+    """A refund question cached; another is answered by the model, which checks the entry; once
+    the entry is marked checked, a third is served by intent (the last steps need a plain client)."""
+    headers = {"X-Cache-Category": category}
+    assert ask(strata, "i want a refund for my order", headers=headers).headers["x-cache"] == "miss"
+    held = ask(strata, "can you refund my order", headers=headers)
+    assert held.headers["x-cache"] == "miss", dict(held.headers)
+    if redis_sync is None:
+        return
+    prefix = keyspace(redis_sync, "default", category).semantic_prefix("v1")
+    assert eventually(lambda: any(redis_sync.hget(k, "question") == b"i want a refund for my order"
+                                  and redis_sync.hget(k, "intent_checked") == b"1"
+                                  for k in redis_sync.scan_iter(match=prefix + "*")))
+    answer = ask(strata, "can you refund my order please", headers=headers)
+    assert answer.headers.get("x-cache-verdict") == "intent_match", dict(answer.headers)
+
+
 def test_an_unchecked_answer_stands_for_its_intent_only_once_the_model_agreed(
         strata: str, redis_url: str, fake_upstream: FakeUpstream, tmp_path: Path) -> None:
     """Issue #58 item 3: with ``intent_trusted_only`` the intent rule's first would-be hit of an
     entry of the model's answers is answered by the model, and that answer checks the entry; the
     next phrasing of the intent is served from it."""
-    trusted = {"X-Cache-Category": "learn_intents_trusted"}
-    fake_upstream.reset()
-    refund = "Open Orders, choose the order and press Request refund; the money is back within five days."
-    fake_upstream.answers.update({"i want a refund for my order": refund, "can you refund my order": refund})
-    loaded = run_cli("intents", "load", str(team_file(tmp_path)), "--category", "learn_intents_trusted",
-                     env={"STRATA_REDIS_URL": redis_url})
-    assert loaded.returncode == 0, loaded.stderr
-    assert eventually(lambda: [h for h in intents_on_health(strata) if h["category"] == "learn_intents_trusted"
-                               and h["status"] == "serving"], timeout=15), intents_on_health(strata)
-    assert ask(strata, "i want a refund for my order", headers=trusted).headers["x-cache"] == "miss"
-    # The intent rule would serve it, but the entry was never checked: the model answers.
-    held = ask(strata, "can you refund my order", headers=trusted)
-    assert held.headers["x-cache"] == "miss", dict(held.headers)
-    # Its answer agreed: the entry is checked, and the next phrasing is served by intent.
+    load_refund_team(redis_url, fake_upstream, tmp_path, "learn_intents_trusted")
+    serving(strata, "learn_intents_trusted")
     redis_sync = redis.Redis.from_url(redis_url) if not redis_url.startswith("redis+cluster://") else None
-    if redis_sync is not None:
-        prefix = keyspace(redis_sync, "default", "learn_intents_trusted").semantic_prefix("v1")
-        assert eventually(lambda: any(redis_sync.hget(k, "question") == b"i want a refund for my order"
-                                      and redis_sync.hget(k, "intent_checked") == b"1"
-                                      for k in redis_sync.scan_iter(match=prefix + "*")))
-        answer = ask(strata, "can you refund my order please", headers=trusted)
-        assert answer.headers.get("x-cache-verdict") == "intent_match", dict(answer.headers)
+    served_by_intent_once_checked(strata, redis_sync, "learn_intents_trusted")
 
 
 def test_a_model_answer_read_no_surer_than_out_of_scope_questions_serves_its_intent_once_checked(
@@ -327,13 +343,7 @@ def test_a_model_answer_read_no_surer_than_out_of_scope_questions_serves_its_int
         pytest.skip("the head's meta is rewritten with a plain client")
     from app.cache.storage.keys import INTENTS_GENERATION_KEY, intents_key
 
-    scoped = {"X-Cache-Category": "learn_intents_scoped"}
-    fake_upstream.reset()
-    refund = "Open Orders, choose the order and press Request refund; the money is back within five days."
-    fake_upstream.answers.update({"i want a refund for my order": refund, "can you refund my order": refund})
-    loaded = run_cli("intents", "load", str(team_file(tmp_path)), "--category", "learn_intents_scoped",
-                     env={"STRATA_REDIS_URL": redis_url})
-    assert loaded.returncode == 0, loaded.stderr
+    load_refund_team(redis_url, fake_upstream, tmp_path, "learn_intents_scoped")
     redis_sync = redis.Redis.from_url(redis_url)
     key = intents_key("learn_intents_scoped", "default")
     meta = json.loads(redis_sync.hget(key, "meta") or b"{}")
@@ -341,17 +351,8 @@ def test_a_model_answer_read_no_surer_than_out_of_scope_questions_serves_its_int
     # Out-of-scope questions were read as every intent at up to 0.9999: no model answer's reading is beyond.
     redis_sync.hset(key, "meta", json.dumps({**meta, "stand_in_reach": [0.9999] * len(meta["intents"])}))
     redis_sync.incr(INTENTS_GENERATION_KEY)
-    assert eventually(lambda: [h for h in intents_on_health(strata) if h["category"] == "learn_intents_scoped"
-                               and h["status"] == "serving"], timeout=15), intents_on_health(strata)
-    assert ask(strata, "i want a refund for my order", headers=scoped).headers["x-cache"] == "miss"
-    held = ask(strata, "can you refund my order", headers=scoped)
-    assert held.headers["x-cache"] == "miss", dict(held.headers)
-    prefix = keyspace(redis_sync, "default", "learn_intents_scoped").semantic_prefix("v1")
-    assert eventually(lambda: any(redis_sync.hget(k, "question") == b"i want a refund for my order"
-                                  and redis_sync.hget(k, "intent_checked") == b"1"
-                                  for k in redis_sync.scan_iter(match=prefix + "*")))
-    answer = ask(strata, "can you refund my order please", headers=scoped)
-    assert answer.headers.get("x-cache-verdict") == "intent_match", dict(answer.headers)
+    serving(strata, "learn_intents_scoped")
+    served_by_intent_once_checked(strata, redis_sync, "learn_intents_scoped")
     assert run_cli("intents", "remove", "--category", "learn_intents_scoped",
                    env={"STRATA_REDIS_URL": redis_url}).returncode == 0
     fake_upstream.reset()
