@@ -373,7 +373,7 @@ def guard_words(calibration: Calibration) -> str:
     """What the head guards beyond its own rule, in plain words (the load's line)."""
     said = ""
     if calibration.veto_below > 0:
-        said += (f". For every rule, a cached question the head gives less than {calibration.veto_below:.1%} of a "
+        said += (f". For every rule, a cached question the head gives less than {calibration.veto_below:.2g} of a "
                  f"chance of sharing the asked one's intent is set aside (held out: {calibration.veto_same:.1%} of the "
                  f"file's nearest pairs of one intent, {calibration.veto_other:.1%} of those of two)")
     reached = [r for r in calibration.stand_in_reach if r > 0]

@@ -587,6 +587,9 @@ def test_a_small_teams_intents_say_what_is_promised_before_traffic_and_over_it(
         # On probation, and how far (nothing asked in this category yet).
         assert "certified nothing before traffic; on probation from" in card.inner_text(), card.inner_text()
         assert "0 checked hits, 0 wrong" in card.inner_text(), card.inner_text()
+        # The load's rule in full, below the table (a column too narrow for it read as a wall of words).
+        rule = card.locator("p.rule").inner_text()
+        assert rule.startswith("The rule, as the load said it:") and "on probation from the first request" in rule, rule
         rows = card.locator(".intent-list tr.intent-row")
         assert rows.count() == 8 and all(r.split("\t")[1] == "6" for r in rows.all_inner_texts()), rows.all_inner_texts()
         shot(page, "intents-small-file")
