@@ -22,6 +22,7 @@ from app.cache.decision.rules import (
     OutsideBound,
     Pool,
     PoolOnce,
+    PriorZone,
     ReaderRule,
     Ruling,
     rule_table,
@@ -306,3 +307,39 @@ def test_the_probation_tests_hold_their_risk_however_often_they_are_read() -> No
         certified += any(evidence_within(int(w), n + 1, bound) >= 1 / delta for n, w in enumerate(wrong_at))
     assert stopped / runs <= delta and certified / runs <= delta
     assert peeked / runs > delta  # the fixed-sample test, read after every check, is not valid so
+
+
+class RecordingRedis:
+    """An entry's record that was never confirmed; counts its reads."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    async def hmget(self, key: str, fields: list[str]) -> list[None]:
+        self.reads += 1
+        return [None] * len(fields)
+
+
+def test_with_a_head_the_entry_record_serves_only_pairs_the_head_gives_an_even_chance_of_one_intent() -> None:
+    """Issue #62 item 3: the entry record's wrong hits on small files were twins the head confuses
+    too; with a head loaded, a pair it gives less than an even chance of one intent is left to
+    the rules after the record (without a Redis read), the others are ruled on as before."""
+    redis = RecordingRedis()
+    record = EntryRecord(redis, PriorZone(CandidateCheck(ThresholdVerifier())))  # type: ignore[arg-type]
+    policy = AdaptiveSemantic(error_bound=0.01, entry_confirmations=3)
+    query = SimpleNamespace(category=SimpleNamespace(semantic=policy))
+
+    def facts(chances: dict[str, float] | None) -> Facts:
+        guess = None if chances is None else IntentGuess(
+            intent=max(chances, key=chances.__getitem__), confidence=max(chances.values()), confident=False,
+            shared=True, threshold=1.01, likely=chances, chances=chances)
+        row = Nearest("doc", 0.78, {FIELD_QUESTION: "thanks, bye", FIELD_INTENT: "goodbye", FIELD_INTENT_CONFIDENCE: "0.6",
+                                    FIELD_INTENT_LIKELY: likely_json({"goodbye": 0.6, "thank_you": 0.4})})
+        return Facts(query=query, question="thank you for that reply", row=row, root="doc", score=0.85,  # type: ignore[arg-type]
+                     score_bin=85, pool=PoolOnce(lambda: None), asked_intent=guess)  # type: ignore[arg-type,return-value]
+
+    # 0.3 x 0.6 + 0.7 x 0.4 = 0.46: doubted, no read.
+    assert asyncio.run(record(facts({"goodbye": 0.3, "thank_you": 0.7}))) is None and redis.reads == 0
+    # 0.8 x 0.6 + 0.2 x 0.4 = 0.56, or no head at all: the record is read (never confirmed here: no serve).
+    assert asyncio.run(record(facts({"goodbye": 0.8, "thank_you": 0.2}))) is None and redis.reads == 1
+    assert asyncio.run(record(facts(None))) is None and redis.reads == 2

@@ -648,14 +648,23 @@ class Pool(Rule):
         return serve(ABOVE_BAND if prior else WITHIN_BOUND)
 
 
+# With a team's head, the entry record serves only pairs the head gives at least this chance of
+# one shared intent: its wrong hits were twins the head confuses too (CLINC150, 6 phrasings per
+# intent, seed 1: `thank_you` served `goodbye`'s answer, `yes` served `no`'s), which the veto's
+# floor, made to cost the file's own pairs nothing, lets through (docs/QUALITY.md).
+ENTRY_RECORD_SHARED_CHANCE = 0.5
+
+
 class EntryRecord(Rule):
     """Below what the pool allows: the entry's answer was confirmed ``entry_confirmations`` times
     at scores no higher than the candidate's, no other answer is within ``entry_margin``, and the
-    entry was never wrong near this similarity."""
+    entry was never wrong near this similarity; with a team's head, the head gives the pair at
+    least an even chance of one shared intent (:data:`ENTRY_RECORD_SHARED_CHANCE`)."""
 
     name = "entry record"
     reasons = (ENTRY_RECORD, ABOVE_BAND)
-    reads = "the entry's `confirmed:<bin>` and `wrong_above` (one HMGET)"
+    reads = ("the entry's `confirmed:<bin>` and `wrong_above` (one HMGET); with a head, its chance that the two "
+             "share an intent (the document's `intent_likely`)")
     counts = "`record_ok:<bin>`/`record_wrong:<bin>` when explored (in the prior's zone only), never the pool's bins"
 
     def __init__(self, redis: Redis, prior_zone: PriorZone) -> None:
@@ -667,6 +676,9 @@ class EntryRecord(Rule):
         margin = (facts.score - facts.similarity) / MARGIN_WEIGHT
         if policy.entry_confirmations <= 0 or facts.score < policy.entry_floor or margin < policy.entry_margin:
             return None
+        guess, likely = facts.asked_intent, facts.cached_likely
+        if guess is not None and likely is not None and guess.shared_chance(likely) < ENTRY_RECORD_SHARED_CHANCE:
+            return None  # the head doubts the pair: the rules after this one decide
         values = await self._redis.hmget(facts.root, entry_record_fields(policy.threshold, facts.score_bin))
         if not entry_vouches(values, facts.similarity, policy):
             return None
