@@ -301,9 +301,10 @@ def load_refund_team(redis_url: str, fake_upstream: FakeUpstream, tmp_path: Path
     assert loaded.returncode == 0, loaded.stderr
 
 
-def serving(strata: str, category: str) -> None:
+def serving(strata: str, category: str, name: str = "team") -> None:
+    """Wait until the running Strata serves the head of that load's name in ``category``."""
     assert eventually(lambda: [h for h in intents_on_health(strata) if h["category"] == category
-                               and h["status"] == "serving"], timeout=15), intents_on_health(strata)
+                               and h["status"] == "serving" and h["name"] == name], timeout=15), intents_on_health(strata)
 
 
 def served_by_intent_once_checked(strata: str, redis_sync: redis.Redis | None, category: str) -> None:
@@ -348,10 +349,11 @@ def test_a_model_answer_read_no_surer_than_out_of_scope_questions_serves_its_int
     key = intents_key("learn_intents_scoped", "default")
     meta = json.loads(redis_sync.hget(key, "meta") or b"{}")
     assert meta["threshold"] <= 1 and "stand_in_reach" in meta and "veto_below" in meta, meta
-    # Out-of-scope questions were read as every intent at up to 0.9999: no model answer's reading is beyond.
-    redis_sync.hset(key, "meta", json.dumps({**meta, "stand_in_reach": [0.9999] * len(meta["intents"])}))
+    # Out-of-scope questions were read as every intent at up to 0.9999: no model answer's reading is
+    # beyond. Renamed, so that the wait below is for this head, not the one just loaded.
+    redis_sync.hset(key, "meta", json.dumps({**meta, "name": "reaching", "stand_in_reach": [0.9999] * len(meta["intents"])}))
     redis_sync.incr(INTENTS_GENERATION_KEY)
-    serving(strata, "learn_intents_scoped")
+    serving(strata, "learn_intents_scoped", name="reaching")
     served_by_intent_once_checked(strata, redis_sync, "learn_intents_scoped")
     assert run_cli("intents", "remove", "--category", "learn_intents_scoped",
                    env={"STRATA_REDIS_URL": redis_url}).returncode == 0
