@@ -194,10 +194,6 @@ def lost(report: dict[str, Any], stream: Path, served_right: list[int]) -> list[
     return sorted(tally.items(), key=lambda t: -t[1])
 
 
-GUARD_REASONS = ("numbers_differ", "values_differ", "order_differs", "negation_differs", "opposite_operations",
-                 "entities_differ", "owner_differs")
-
-
 def coarse(why: str) -> str:
     """A loss of :func:`lost` in a few words: which part of the pipeline took it."""
     if why == "served wrong":
@@ -208,7 +204,9 @@ def coarse(why: str) -> str:
         return "checked first (an entry's first match)"
     if "wrong_before" in why:
         return "a veto from an earlier wrong answer"
-    if any(reason in why for reason in GUARD_REASONS):
+    from app.cache.decision.rules import Guards
+
+    if any(reason in why for reason in Guards.reasons):
         return "the guards (numbers, negation, names ...)"
     if "intent_differs" in why:
         return "the head's veto"
@@ -275,7 +273,7 @@ def static_ceiling(team: Path, stream: Path, threshold: float) -> dict[str, Any]
     best = max(within, key=lambda r: r["captured"], default={"captured": 0.0, "served": 0, "wrong": 0, "level": 1.0})
     return {**at, "guarded_captured": guarded["captured"], "guarded_wrong": guarded["wrong"] / max(1, guarded["served"]),
             "best_captured": best["captured"], "best_level": best["level"],
-            "best_wrong": best["wrong"] / max(1, best["served"]), "best_right_at": best.get("right_at", [])}
+            "best_wrong": best["wrong"] / max(1, best["served"])}
 
 
 # The thresholds the static head is replayed at to find its best within the bound, in hindsight.

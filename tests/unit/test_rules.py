@@ -137,7 +137,7 @@ def test_the_head_sets_aside_a_row_it_gives_little_chance_of_sharing_the_asked_i
     assert ruled(None, cached_confidence=1.0)
     # The asked side counts every intent's probability, not only its likely ones (as the load measured the floor).
     guess = IntentGuess(intent="a", confidence=0.985, confident=False, shared=True, threshold=1.01,
-                        likely={"a": 0.985}, chances={"a": 0.985, "b": 0.015})
+                        likely={"a": 0.985}, chances=[0.985, 0.015], positions={"a": 0, "b": 1})
     assert abs(guess.shared_chance({"b": 0.9, "c": 0.1}) - 0.0135) < 1e-9
 
 
@@ -332,7 +332,8 @@ def test_with_a_head_the_entry_record_serves_only_pairs_the_head_gives_an_even_c
     def facts(chances: dict[str, float] | None) -> Facts:
         guess = None if chances is None else IntentGuess(
             intent=max(chances, key=chances.__getitem__), confidence=max(chances.values()), confident=False,
-            shared=True, threshold=1.01, likely=chances, chances=chances)
+            shared=True, threshold=1.01, likely=chances, chances=list(chances.values()),
+            positions={intent: i for i, intent in enumerate(chances)})
         row = Nearest("doc", 0.78, {FIELD_QUESTION: "thanks, bye", FIELD_INTENT: "goodbye", FIELD_INTENT_CONFIDENCE: "0.6",
                                     FIELD_INTENT_LIKELY: likely_json({"goodbye": 0.6, "thank_you": 0.4})})
         return Facts(query=query, question="thank you for that reply", row=row, root="doc", score=0.85,  # type: ignore[arg-type]

@@ -20,6 +20,7 @@ A new rule is one class here and one line in :func:`rules_for`.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -193,10 +194,11 @@ class Facts:
             return intent, 1.0
         return intent, confidence
 
-    @property
+    @functools.cached_property
     def cached_likely(self) -> dict[str, float] | None:
         """The head's probabilities of the cached question's likely intents, as stored; a team's
-        labelled answer is its intent for certain; ``None``: not stored (before the veto read it)."""
+        labelled answer is its intent for certain; ``None``: not stored (before the veto read it).
+        Decoded once per row (the veto and the entry record both read it)."""
         stored = likely_from(self.row.fields.get(FIELD_INTENT_LIKELY))
         if stored is not None:
             return stored

@@ -373,8 +373,8 @@ def rule_outcomes(fold: Fold, threshold: float, beyond_band: bool = False) -> tu
     return served, wrong
 
 
-# The veto's floor is where this share of the file's held-out neighbours of their own intent (in
-# the band, as the KNN finds them) sit: what it may cost the rules' reach on the file.
+# The veto's floor is where this share of the file's held-out pairs of one intent sit (each
+# phrasing and its nearest, at any similarity): what it may cost the rules' reach on the file.
 VETO_COST = 0.01
 # Never above the chance the older veto left a question of the cached row's intent (1 - 0.8).
 VETO_MOST = 0.2
@@ -416,9 +416,9 @@ def shared_chance_floor(fold: Fold) -> tuple[float, float, float]:
 def stand_in_reach(fold: Fold, classes: int) -> list[float]:
     """Per intent, the highest confidence at which a held-out out-of-scope phrasing (the file's
     own or Strata's stand-ins; or an intent held out, for a file without them) was read as that
-    intent, where the rule serves it: a cached question read as it below that may be out of
-    scope (0: none read so). Per intent: out-of-scope questions about the weather reach a
-    weather intent, not the others."""
+    intent, where the rule serves it (0: none read so). The rule reads the highest of them: a
+    cached question read no surer than that may be out of scope (``HeadMeta.stand_in_reach``
+    says why not each intent's own); the list is what the load reports."""
     servable = fold.servable[fold.predicted] if fold.servable is not None else np.ones(len(fold.labels), dtype=bool)
     reach = np.zeros(classes)
     stray = fold.unknown & servable

@@ -165,7 +165,8 @@ class IntentGuess(msgspec.Struct, frozen=True, kw_only=True):
         probation: The confidence the rule serves from on probation (:class:`HeadMeta`).
         veto_below: The veto's floor on the two questions' chance of one intent (:class:`HeadMeta`).
         stand_in_reach: How confidently out-of-scope stand-ins were read as an intent, at most (:class:`HeadMeta`).
-        chances: Every intent's probability (the veto's chance that it shares a cached question's intent).
+        chances: Every intent's probability, in the head's order (the veto's chance that it shares
+            a cached question's intent); ``positions``: each intent's place in it (the head's, shared).
     """
 
     intent: str
@@ -179,7 +180,8 @@ class IntentGuess(msgspec.Struct, frozen=True, kw_only=True):
     probation: float = 1.01
     veto_below: float = 0.0
     stand_in_reach: float = 0.0
-    chances: dict[str, float] = msgspec.field(default_factory=dict)
+    chances: list[float] = msgspec.field(default_factory=list)
+    positions: dict[str, int] = msgspec.field(default_factory=dict)
 
     @property
     def lowest(self) -> float:
@@ -194,8 +196,9 @@ class IntentGuess(msgspec.Struct, frozen=True, kw_only=True):
         """The head's probability that this question and a cached one (its likely intents, as its
         document keeps them) share an intent: the sum over intents of the two probabilities'
         product, the cached side's under ``LIKELY_FLOOR`` counted as 0 (as the calibration counts it)."""
-        every = self.chances or self.likely
-        return sum(every.get(intent, 0.0) * p for intent, p in cached.items())
+        if self.chances:
+            return sum(self.chances[self.positions[intent]] * p for intent, p in cached.items() if intent in self.positions)
+        return sum(self.likely.get(intent, 0.0) * p for intent, p in cached.items())
 
 
 def likely_json(likely: Mapping[str, float]) -> str:
@@ -232,6 +235,7 @@ class IntentHead:
         self.meta = meta
         self.weights = np.asarray(weights, dtype=np.float32)
         self.bias = np.asarray(bias, dtype=np.float32)
+        self.positions = {intent: i for i, intent in enumerate(meta.intents)}
 
     def predict(self, vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(intent index, confidence) of each row."""
@@ -247,7 +251,7 @@ class IntentHead:
                            beyond_floor=meta.beyond_floor, likely=likely_rows(probabilities[None, :], meta.intents)[0],
                            probation=meta.probation, veto_below=meta.veto_below,
                            stand_in_reach=max(meta.stand_in_reach, default=0.0),
-                           chances=dict(zip(meta.intents, probabilities.tolist(), strict=True)))
+                           chances=probabilities.tolist(), positions=self.positions)
 
     def probabilities(self, vectors: np.ndarray) -> np.ndarray:
         """Each row's probability of every intent."""
