@@ -122,6 +122,12 @@ class AdaptiveSemantic(_Semantic, frozen=True, kw_only=True, forbid_unknown_fiel
     intent_check_sample: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.1
     # Whether the intent rule serves on probation at all (off: only from a certified confidence).
     intent_probation: bool = True
+    # A model's answer cached under a reading no surer than the file's out-of-scope stand-ins
+    # reached may be the answer to an out-of-scope question: it serves its intent only once a
+    # check agreed (issue #62 item 4). Off: a team whose traffic is all in scope spares the one
+    # model call per such entry (CLINC150's whole file: about 0.07 of reach for 1-5 fewer wrong
+    # hits a stream; docs/INTENTS.md).
+    intent_out_of_scope_check: bool = True
 
     @property
     def adaptive(self) -> bool:

@@ -18,8 +18,8 @@ calibrated first). The streams and team files:
 
 Columns: semantic hits and their wrong share; **captured**: right semantic hits on texts not
 asked before, over what a perfect cache would serve semantically (requests of a label seen before,
-in other words; never an out-of-scope one); the worst window of 500 requests; out-of-scope questions served by the intent
-rule and by any rule (each counted wrong). Reports are kept as JSON in ``--out``.
+in other words; never an out-of-scope one); the worst window of 500 requests, the first ones
+included; out-of-scope questions served by the intent rule and by any rule (each counted wrong). Reports are kept as JSON in ``--out``.
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def figures(report: dict[str, Any], stream: Path) -> dict[str, Any]:
     semantic = [i for i, (layer, _, _) in enumerate(trace) if layer == "semantic-hit"]
     right = [i for i in semantic if i not in wrong_at and new_text[i]]
     worst = 0.0
-    for start in range(1000, len(trace), WINDOW):
+    for start in range(0, len(trace), WINDOW):
         served = [i for i in semantic if start <= i < start + WINDOW]
         if served:
             worst = max(worst, sum(i in wrong_at for i in served) / len(served))
@@ -380,6 +380,8 @@ def main(argv: list[str] | None = None) -> int:
                           f"{f['captured'] / max(1e-9, ceiling['captured']):.0%}") if ceiling else "-"
             best = (f"{ceiling['best_captured']:.2f} at {ceiling['best_level']:.3f} ({ceiling['best_wrong']:.2%}); "
                     f"{f['captured'] / max(1e-9, ceiling['best_captured']):.0%}") if ceiling else "-"
+            if ceiling and ceiling["best_captured"] < 0.005:
+                best = "no level serves within 1%"
             guarded = (f"{ceiling['guarded_captured']:.2f} ({ceiling['guarded_wrong']:.2%}); "
                        f"{f['captured'] / max(1e-9, ceiling['guarded_captured']):.0%}") if ceiling else "-"
             print(f"| {arm} | {team.name if team else 'none'} | {seed} | {share:.1%} | "

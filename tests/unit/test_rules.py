@@ -159,6 +159,10 @@ def test_a_model_answer_read_below_the_out_of_scope_stand_ins_reach_serves_its_i
     for kwargs in ({"cached_confidence": 0.98}, {"cached_confidence": 1.0, "source": SOURCE_FAQ}):
         ruling = run(stand_in_reach=0.97, **kwargs)
         assert ruling is not None and ruling.verdict.accepted
+    # A category whose traffic is all in scope turns the check off: served at once, on probation.
+    trusting = run(cached_confidence=0.95, stand_in_reach=0.97,
+                   policy=AdaptiveSemantic(error_bound=0.01, intent_out_of_scope_check=False))
+    assert trusting is not None and trusting.verdict.accepted and trusting.verdict.reason == INTENT_PROBATION
 
 
 def test_a_heads_guess_keeps_the_probability_of_every_likely_intent() -> None:
@@ -179,7 +183,8 @@ class NoRedis:
 
 def small_file_facts(trial: tuple[int, int], confidence: float = 0.95, cached_confidence: float = 0.95,
                      record: dict[str, int] | None = None, probation: float = 1.01, threshold: float = 1.01,
-                     source: str = SOURCE_MODEL, checked: bool = False, stand_in_reach: float = 0.0) -> Facts:
+                     source: str = SOURCE_MODEL, checked: bool = False, stand_in_reach: float = 0.0,
+                     policy: AdaptiveSemantic | None = None) -> Facts:
     counts = PooledCounts(record or {"intent_trial_ok:95": trial[0], "intent_trial_wrong:95": trial[1]})
 
     async def read() -> PooledCounts:
@@ -192,7 +197,7 @@ def small_file_facts(trial: tuple[int, int], confidence: float = 0.95, cached_co
                                FIELD_INTENT_CONFIDENCE: str(cached_confidence), FIELD_SOURCE: source,
                                **({FIELD_INTENT_CHECKED: "1"} if checked else {})})
     # What the rules read of the query: its category's policy.
-    query = SimpleNamespace(category=SimpleNamespace(semantic=AdaptiveSemantic(error_bound=0.01)))
+    query = SimpleNamespace(category=SimpleNamespace(semantic=policy or AdaptiveSemantic(error_bound=0.01)))
     return Facts(query=query, question="can i get a refund", row=row, root="doc", score=0.7,  # type: ignore[arg-type]
                  score_bin=70, pool=PoolOnce(read), asked_intent=guess)
 

@@ -437,8 +437,9 @@ def check_after_serving(facts: Facts, standing: IntentStanding) -> bool:
 def maybe_out_of_scope(facts: Facts, standing: IntentStanding, guess: IntentGuess) -> bool:
     """Whether the cached side may be a model's answer to an out-of-scope question: never
     checked, and read no surer than the file's out-of-scope stand-ins were read as any intent
-    (the head's ``stand_in_reach``). A team's answer stands for its intent."""
-    return (source_of(facts.row) == SOURCE_MODEL and not standing.checked
+    (the head's ``stand_in_reach``). A team's answer stands for its intent; the category may
+    turn the check off (``intent_out_of_scope_check``)."""
+    return (facts.policy.intent_out_of_scope_check and source_of(facts.row) == SOURCE_MODEL and not standing.checked
             and facts.cached_reading[1] <= guess.stand_in_reach)
 
 
