@@ -163,6 +163,23 @@ def test_a_small_file_is_its_own_cache_and_certifies_where_one_fold_of_it_could_
     assert shown.threshold <= 1 and shown.served_share > 0.5 and shown.held_out_wrong <= 0.05
 
 
+def test_probation_starts_where_the_files_held_out_phrasings_are_wrong_no_more_often_than_the_bound() -> None:
+    """Issue #62 item 1: a small file certifies nothing; the rule serves on probation from the
+    lowest confidence down to which its held-out replay stays within the bound (read once a level
+    serves 1 / bound phrasings), not down to where it is sure to be over it."""
+    vectors, labels = clusters(6, 30, 0.8, seed=5)  # twins: a small file's head mixes some up
+    bound = 0.01
+    shown = calibrate(vectors, labels, 30, bound, 0.0)
+    assert shown.threshold > 1 and shown.probation <= 1, shown
+    assert shown.probation_wrong <= bound and shown.probation_served > 0
+    (fold,) = held_out_folds(vectors, labels, 30, 0.0)
+    served, wrong = rule_outcomes(fold, shown.probation)
+    assert wrong.sum() <= bound * served.sum()
+    # Lower down it is wrong more often than the bound: the walk stopped for it.
+    served, wrong = rule_outcomes(fold, 0.5)
+    assert wrong.sum() > bound * served.sum()
+
+
 def test_a_file_that_serves_nothing_is_told_why_in_numbers_it_can_act_on() -> None:
     """The support lead's 8 x 6 file (issue #56 item 4): how many phrasings would do, or what
     bound this file can show."""
