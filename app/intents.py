@@ -336,7 +336,8 @@ async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *,
                     confused=[(every[a].intent, every[b].intent, n) for a, b, n in calibration.confused],
                     beyond_band=beyond_band, phrasings_of=[len(i.phrasings) for i in every], delta=delta,
                     beyond_floor=semantic_policy.intent_beyond_floor if beyond_band else -1.0, probation=probation,
-                    veto_below=calibration.veto_below, stand_in_reach=calibration.stand_in_reach)
+                    veto_below=calibration.veto_below, stand_in_reach=calibration.stand_in_reach,
+                    domain_floor=calibration.domain_floor)
     head = IntentHead(meta, weights, bias)
     await IntentStore(cache.shared).save(head)
     await forget_intent_record(cache, tag, tenant, category)
@@ -376,6 +377,10 @@ def guard_words(calibration: Calibration) -> str:
         said += (f". For every rule, a cached question the head gives less than {calibration.veto_below:.2g} of a "
                  f"chance of sharing the asked one's intent is set aside (held out: {calibration.veto_same:.1%} of the "
                  f"file's nearest pairs of one intent, {calibration.veto_other:.1%} of those of two)")
+        if calibration.domain_floor is not None:
+            said += (f", where the head reads the asked question as strongly as 99% of the file's held-out phrasings "
+                     f"(energy >= {calibration.domain_floor:.2f}; below, it is of none of the team's topics and the "
+                     f"head's word sets nothing aside)")
     reached = [r for r in calibration.stand_in_reach if r > 0]
     if reached:
         said += (f". Out-of-scope questions, held out, were read as {len(reached)} of the intents, up to "

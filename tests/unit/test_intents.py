@@ -12,6 +12,7 @@ from app.cache.learning.intents import (
     SoftmaxHead,
     binomial_tail,
     calibrate,
+    domain_floor,
     fewest_to_show,
     held_out_folds,
     rule_outcomes,
@@ -265,3 +266,9 @@ def test_the_load_measures_the_vetos_floor_and_how_far_out_of_scope_questions_re
     assert shared_chance_floor(certain) == (0.0, 0.0, 0.0)
     shown = calibrate(vectors, labels, 11, 0.05, 0.0, out_of_scope=scoped, servable=~scoped)
     assert (shown.veto_below, shown.stand_in_reach) == (floor, reach)
+    # The domain gate: 1% of the team's own held-out phrasings read more weakly than its floor.
+    assert fold.energy is not None and shown.domain_floor == domain_floor(fold)
+    assert shown.domain_floor is not None
+    below = fold.energy[~fold.unknown] < shown.domain_floor
+    assert 0 < below.sum() <= 0.01 * below.size + 1
+    assert domain_floor(certain) is None  # no energies kept

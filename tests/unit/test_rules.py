@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
+import msgspec
 import numpy as np
 
 from app.cache.decision.rules import (
@@ -135,6 +136,13 @@ def test_the_head_sets_aside_a_row_it_gives_little_chance_of_sharing_the_asked_i
     assert not ruled(None)
     # A team's answer (its label at 1.0, no probabilities kept) is its intent for certain.
     assert ruled(None, cached_confidence=1.0)
+    # A question the head reads below its domain floor is of none of the team's topics: its
+    # diffuse probabilities set nothing aside (a general question in a bank's category).
+    outside = IntentGuess(intent="why_verify_identity", confidence=0.45, confident=False, shared=True,
+                          threshold=1.01, likely=asked, veto_below=0.1, in_domain=False)
+    facts = twin_facts(outside, "verify_my_identity", 0.5)
+    facts.row.fields[FIELD_INTENT_LIKELY] = likely_json({"verify_my_identity": 0.5, "change_pin": 0.5})
+    assert asyncio.run(veto(facts)) is None
     # The asked side counts every intent's probability, not only its likely ones (as the load measured the floor).
     guess = IntentGuess(intent="a", confidence=0.985, confident=False, shared=True, threshold=1.01,
                         likely={"a": 0.985}, chances=[0.985, 0.015], positions={"a": 0, "b": 1})
@@ -175,6 +183,12 @@ def test_a_heads_guess_keeps_the_probability_of_every_likely_intent() -> None:
     assert guess.intent == "a" and not guess.confident
     assert set(guess.likely) == {"a", "b"} and abs(sum(guess.likely.values()) - 1.0) < 0.01
     assert guess.chance_of("c") == 0.0 and abs(guess.chance_of("b") - 0.269) < 0.01
+    assert guess.in_domain  # no floor measured: every question counts
+    # Its energy (log-sum-exp of the logits) is 2 + log(1 + e^-1 + e^-6), about 2.31: a floor above
+    # it puts the question outside the team's topics, one below keeps it inside.
+    for floor, inside in ((2.5, False), (2.2, True)):
+        gated = IntentHead(msgspec.structs.replace(meta, domain_floor=floor), head.weights, head.bias)
+        assert gated.guess(np.array([1.0], dtype=np.float32)).in_domain is inside
 
 
 class NoRedis:

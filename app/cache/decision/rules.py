@@ -352,7 +352,8 @@ class IntentVeto(Rule):
 
     - it gives the two questions less of a chance of sharing an intent than the floor its load
       measured (``veto_below``: the sum over intents of the two probabilities' product; a weak
-      head's diffuse readings still tell twins apart this way), or
+      head's diffuse readings still tell twins apart this way), where it reads the asked question
+      as one of the team's topics (``in_domain``), or
     - it reads the cached question as one intent at :data:`VETO_CONFIDENCE` or above (or its
       calibrated threshold, if lower) and gives the asked question at most the rest of a chance
       of being of it (for documents stored before their probabilities were kept)."""
@@ -368,7 +369,9 @@ class IntentVeto(Rule):
         if guess is None:
             return None
         likely = facts.cached_likely
-        if likely is not None and guess.veto_below > 0 and guess.shared_chance(likely) < guess.veto_below:
+        # Its floor was measured on the team's topics: a question of none of them is not judged by it.
+        if likely is not None and guess.in_domain and guess.veto_below > 0 \
+                and guess.shared_chance(likely) < guess.veto_below:
             return Ruling(verdict=Verdict(False, INTENT_DIFFERS), next_row=True)
         sure = min(guess.threshold, VETO_CONFIDENCE)
         cached, cached_confidence = facts.cached_reading
@@ -661,8 +664,9 @@ ENTRY_RECORD_SHARED_CHANCE = 0.5
 class EntryRecord(Rule):
     """Below what the pool allows: the entry's answer was confirmed ``entry_confirmations`` times
     at scores no higher than the candidate's, no other answer is within ``entry_margin``, and the
-    entry was never wrong near this similarity; with a team's head, the head gives the pair at
-    least an even chance of one shared intent (:data:`ENTRY_RECORD_SHARED_CHANCE`)."""
+    entry was never wrong near this similarity; with a team's head reading the asked question as
+    one of the team's topics, the head gives the pair at least an even chance of one shared
+    intent (:data:`ENTRY_RECORD_SHARED_CHANCE`)."""
 
     name = "entry record"
     reasons = (ENTRY_RECORD, ABOVE_BAND)
@@ -680,7 +684,8 @@ class EntryRecord(Rule):
         if policy.entry_confirmations <= 0 or facts.score < policy.entry_floor or margin < policy.entry_margin:
             return None
         guess, likely = facts.asked_intent, facts.cached_likely
-        if guess is not None and likely is not None and guess.shared_chance(likely) < ENTRY_RECORD_SHARED_CHANCE:
+        if guess is not None and guess.in_domain and likely is not None \
+                and guess.shared_chance(likely) < ENTRY_RECORD_SHARED_CHANCE:
             return None  # the head doubts the pair: the rules after this one decide
         values = await self._redis.hmget(facts.root, entry_record_fields(policy.threshold, facts.score_bin))
         if not entry_vouches(values, facts.similarity, policy):

@@ -45,7 +45,7 @@ import numpy as np
 
 from app.cache.decision.rules import BAND_ROWS, TRIAL_CONFIDENCE, intent_rule_serves
 from app.cache.decision.stats import binomial_tail, evidence_above
-from app.cache.storage.intents import LIKELY_FLOOR, softmax_predict
+from app.cache.storage.intents import LIKELY_FLOOR, logit_energy, softmax_predict
 
 # Learn-then-Test's risk level: the threshold holds with at least this probability (95%, or the
 # category's confidence where that is higher).
@@ -238,6 +238,8 @@ class Calibration(msgspec.Struct, frozen=True, kw_only=True):
     veto_other: float = 0.0
     # Per intent, how confidently the held-out out-of-scope stand-ins were read as it (:func:`stand_in_reach`).
     stand_in_reach: list[float] = msgspec.field(default_factory=list)
+    # The energy below which a question is outside what the head knows (:func:`domain_floor`); ``None``: not measured.
+    domain_floor: float | None = None
 
 
 class Fold(msgspec.Struct, frozen=True, kw_only=True):
@@ -257,6 +259,8 @@ class Fold(msgspec.Struct, frozen=True, kw_only=True):
     probabilities: np.ndarray | None = None
     # (n, NEIGHBOURS): the nearest other phrasings at any similarity (the veto's floor is measured there).
     nearest_any: np.ndarray | None = None
+    # (n,): each phrasing's held-out energy (:func:`logit_energy`); ``None``: not kept.
+    energy: np.ndarray | None = None
 
 
 NEIGHBOURS = BAND_ROWS
@@ -303,6 +307,7 @@ def held_out_folds(vectors: np.ndarray, labels: np.ndarray, classes: int, floor:
     # tenth of its intents, held out (none of fewer than ten).
     held = 0 if scoped else math.floor(unknown_share * classes)
     probabilities = np.zeros((len(labels), classes), dtype=np.float32)
+    energy = np.zeros(len(labels), dtype=np.float64)
     unknown = np.zeros(len(labels), dtype=bool)
     for fold in range(folds):
         start = (fold * held) % max(1, classes)
@@ -311,6 +316,7 @@ def held_out_folds(vectors: np.ndarray, labels: np.ndarray, classes: int, floor:
         train, test = (fold_of != fold) & ~is_hidden, fold_of == fold
         head = SoftmaxHead(n_classes=classes, epochs=epochs, seed=seed).fit(vectors[train], labels[train])
         probabilities[test] = head.predict_proba(vectors[test])
+        energy[test] = logit_energy(head.coef_, head.intercept_, vectors[test])
         unknown[test] = is_hidden[test] | (out_of_scope[labels[test]] if scoped and out_of_scope is not None else False)
     predicted, sure = probabilities.argmax(axis=1), probabilities.max(axis=1).astype(np.float64)
     nearest = np.full((len(labels), NEIGHBOURS), -1)
@@ -332,7 +338,8 @@ def held_out_folds(vectors: np.ndarray, labels: np.ndarray, classes: int, floor:
                 if refused(int(row), int(found[row, column])):
                     found[row, column] = -1
     return [Fold(labels=labels, predicted=predicted, confidence=sure, unknown=unknown, neighbours=nearest,
-                 of_intent=of_intent, servable=servable, probabilities=probabilities, nearest_any=nearest_any)]
+                 of_intent=of_intent, servable=servable, probabilities=probabilities, nearest_any=nearest_any,
+                 energy=energy)]
 
 
 def _top(similarity: np.ndarray, count: int, floor: float) -> np.ndarray:
@@ -417,6 +424,24 @@ def shared_chance_floor(fold: Fold) -> tuple[float, float, float]:
     return floor, float(below[same].mean()), float(below[~same].mean()) if (~same).any() else 0.0
 
 
+# The head's word counts for questions it reads at least as strongly as all but this share of the
+# file's own held-out phrasings: what the domain gate may cost the veto on the team's traffic.
+DOMAIN_COST = 0.01
+
+
+def domain_floor(fold: Fold) -> float | None:
+    """The :data:`DOMAIN_COST` quantile of the held-out energies of the team's own phrasings (out
+    of scope ones apart): a question read more weakly is of none of its topics, and the head's
+    word on a pair with it (the veto's floor, the entry record's even chance) says nothing.
+    ``None``: no energies kept, or no phrasing of the team's."""
+    if fold.energy is None:
+        return None
+    known = ~fold.unknown
+    if not known.any():
+        return None
+    return float(np.quantile(fold.energy[known], DOMAIN_COST))
+
+
 def stand_in_reach(fold: Fold, classes: int) -> list[float]:
     """Per intent, the highest confidence at which a held-out out-of-scope phrasing (the file's
     own or Strata's stand-ins; or an intent held out, for a file without them) was read as that
@@ -497,4 +522,5 @@ def calibrate(vectors: np.ndarray, labels: np.ndarray, classes: int, error_bound
         held_out_wrong=float(wrong.sum() / max(1, served.sum())) if served.size else 0.0, held_out=len(labels),
         unknown_served=int((served & unknown).sum()) if served.size else 0,
         probation=probation, probation_served=probation_served, probation_wrong=probation_wrong,
-        veto_below=veto_below, veto_same=veto_same, veto_other=veto_other, stand_in_reach=stand_in_reach(held[0], classes))
+        veto_below=veto_below, veto_same=veto_same, veto_other=veto_other, stand_in_reach=stand_in_reach(held[0], classes),
+        domain_floor=domain_floor(held[0]))

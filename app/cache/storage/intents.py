@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -45,6 +46,16 @@ def softmax_probabilities(weights: np.ndarray, bias: np.ndarray, vectors: np.nda
     probabilities: np.ndarray = np.exp(logits)
     probabilities /= probabilities.sum(axis=1, keepdims=True)
     return probabilities
+
+
+def logit_energy(weights: np.ndarray, bias: np.ndarray, vectors: np.ndarray) -> np.ndarray:
+    """Each row's log-sum-exp of its logits: how strongly the head reads the question at all, before
+    the softmax shares it out (energy-based out-of-distribution scoring: a question of none of
+    the head's topics gets low logits everywhere, while its softmax can still look sure)."""
+    logits = np.asarray(vectors, dtype=np.float32) @ weights + bias
+    top = logits.max(axis=1, keepdims=True)
+    energy: np.ndarray = (top + np.log(np.exp(logits - top).sum(axis=1, keepdims=True)))[:, 0]
+    return energy
 
 
 def softmax_predict(weights: np.ndarray, bias: np.ndarray, vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -131,6 +142,12 @@ class HeadMeta(msgspec.Struct, frozen=True, kw_only=True):
     # served was as likely for the others (CLINC150 seed 1: 3 of 13 wrong hits with the reach
     # per intent); one miss per entry costs less than a wrong hit under a 1% bound.
     stand_in_reach: list[float] = msgspec.field(default_factory=list)
+    # The head's word on a pair (the veto's floor, the entry record's even chance) counts only for
+    # a question it reads at this energy or more (:func:`logit_energy`): where 1% of the file's
+    # held-out phrasings sit. Below, the question is of none of the team's topics and the head's
+    # diffuse probabilities say nothing of it (general questions in a bank's category were 70%
+    # set aside). ``None``: every question (heads loaded before it).
+    domain_floor: float | None = None
 
     @property
     def serving(self) -> bool:
@@ -165,6 +182,7 @@ class IntentGuess(msgspec.Struct, frozen=True, kw_only=True):
         probation: The confidence the rule serves from on probation (:class:`HeadMeta`).
         veto_below: The veto's floor on the two questions' chance of one intent (:class:`HeadMeta`).
         stand_in_reach: How confidently out-of-scope stand-ins were read as an intent, at most (:class:`HeadMeta`).
+        in_domain: Read at the head's ``domain_floor`` or above: its word on a pair counts (:class:`HeadMeta`).
         chances: Every intent's probability, in the head's order (the veto's chance that it shares
             a cached question's intent); ``positions``: each intent's place in it (the head's, shared).
     """
@@ -180,6 +198,7 @@ class IntentGuess(msgspec.Struct, frozen=True, kw_only=True):
     probation: float = 1.01
     veto_below: float = 0.0
     stand_in_reach: float = 0.0
+    in_domain: bool = True
     chances: list[float] = msgspec.field(default_factory=list)
     positions: dict[str, int] = msgspec.field(default_factory=dict)
 
@@ -242,7 +261,13 @@ class IntentHead:
         return softmax_predict(self.weights, self.bias, np.atleast_2d(vectors))
 
     def guess(self, vector: np.ndarray) -> IntentGuess:
-        probabilities = softmax_probabilities(self.weights, self.bias, np.atleast_2d(vector))[0]
+        logits = np.atleast_2d(vector).astype(np.float32) @ self.weights + self.bias
+        top = float(logits.max())
+        exponentials = np.exp(logits[0] - top)
+        total = float(exponentials.sum())
+        probabilities = exponentials / total
+        floor = self.meta.domain_floor
+        in_domain = floor is None or top + math.log(total) >= floor
         i = int(probabilities.argmax())
         sure = float(probabilities[i])
         meta = self.meta
@@ -250,7 +275,7 @@ class IntentHead:
                            shared=meta.shared[i], threshold=meta.threshold, beyond_band=meta.beyond_band,
                            beyond_floor=meta.beyond_floor, likely=likely_rows(probabilities[None, :], meta.intents)[0],
                            probation=meta.probation, veto_below=meta.veto_below,
-                           stand_in_reach=max(meta.stand_in_reach, default=0.0),
+                           stand_in_reach=max(meta.stand_in_reach, default=0.0), in_domain=in_domain,
                            chances=probabilities.tolist(), positions=self.positions)
 
     def probabilities(self, vectors: np.ndarray) -> np.ndarray:
