@@ -357,8 +357,13 @@ def probation_words(calibration: Calibration, probation: float, policy: Adaptive
     """What the rule promises on probation, and when, in plain words (the load's line, the console)."""
     below = "below that, " if calibration.threshold <= 1 else ""
     checks = clean_checks_to_certify(policy.error_bound, delta)
+    # Where the walk stopped (app/cache/learning/intents.py): within the bound, or a file too small to tell.
+    start = ("the lowest confidence its held-out phrasings were wrong no more often than the rule's bound at"
+             if calibration.probation_wrong <= policy.intent_error_bound else
+             "as low as a file this small was not shown over the rule's bound")
     return (f"{below}on probation from the first request, both questions of one intent at confidence >= "
-            f"{probation:.3f} (a team's answer stands for its intent: only the asked question's confidence counts). "
+            f"{probation:.3f}, {start} (a team's answer stands for its intent: only the asked question's confidence "
+            f"counts). "
             f"Before traffic, the file promises nothing there: held out, it served {calibration.probation_served:.0%} "
             f"of the team's phrasings, {calibration.probation_wrong:.2%} of them wrong. Over traffic, the record "
             f"promises: every probation hit of a model's answer is checked by the model after the response, and an "

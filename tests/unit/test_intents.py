@@ -20,7 +20,7 @@ from app.cache.learning.intents import (
     stand_in_reach,
 )
 from app.cache.storage.intents import HeadMeta, IntentHead
-from app.intents import IntentsFileError, read_intents
+from app.intents import IntentsFileError, probation_words, read_intents
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
@@ -179,6 +179,21 @@ def test_probation_starts_where_the_files_held_out_phrasings_are_wrong_no_more_o
     # Lower down it is wrong more often than the bound: the walk stopped for it.
     served, wrong = rule_outcomes(fold, 0.5)
     assert wrong.sum() > bound * served.sum()
+
+
+def test_the_load_says_where_probation_starts_and_why() -> None:
+    """Within the rule's bound on the file's held-out phrasings, or a file too small to tell."""
+    from app.cache.learning.intents import Calibration
+    from app.policy import AdaptiveSemantic
+
+    policy = AdaptiveSemantic(error_bound=0.01)  # the rule's bound: three quarters of it
+    said = {wrong: probation_words(Calibration(threshold=1.01, accuracy=0.9, served_share=0.0, held_out_wrong=0.0,
+                                               held_out=100, unknown_served=0, probation=0.886,
+                                               probation_served=0.6, probation_wrong=wrong), 0.886, policy, 0.05)
+            for wrong in (0.0059, 0.0244)}
+    assert "confidence >= 0.886, the lowest confidence its held-out phrasings were wrong no more often" in said[0.0059]
+    assert "as low as a file this small was not shown over the rule's bound" in said[0.0244]
+    assert "2.44% of them wrong" in said[0.0244]
 
 
 def test_a_file_that_serves_nothing_is_told_why_in_numbers_it_can_act_on() -> None:
