@@ -45,7 +45,7 @@ import numpy as np
 
 from app.cache.decision.rules import BAND_ROWS, TRIAL_CONFIDENCE, intent_rule_serves
 from app.cache.decision.stats import binomial_tail, evidence_above
-from app.cache.storage.intents import LIKELY_FLOOR, logit_energy, softmax_predict
+from app.cache.storage.intents import LIKELY_FLOOR, softmax_and_energy, softmax_predict
 
 # Learn-then-Test's risk level: the threshold holds with at least this probability (95%, or the
 # category's confidence where that is higher).
@@ -259,7 +259,7 @@ class Fold(msgspec.Struct, frozen=True, kw_only=True):
     probabilities: np.ndarray | None = None
     # (n, NEIGHBOURS): the nearest other phrasings at any similarity (the veto's floor is measured there).
     nearest_any: np.ndarray | None = None
-    # (n,): each phrasing's held-out energy (:func:`logit_energy`); ``None``: not kept.
+    # (n,): each phrasing's held-out energy (``softmax_and_energy``); ``None``: not kept.
     energy: np.ndarray | None = None
 
 
@@ -315,8 +315,7 @@ def held_out_folds(vectors: np.ndarray, labels: np.ndarray, classes: int, floor:
         is_hidden = np.isin(labels, hidden)
         train, test = (fold_of != fold) & ~is_hidden, fold_of == fold
         head = SoftmaxHead(n_classes=classes, epochs=epochs, seed=seed).fit(vectors[train], labels[train])
-        probabilities[test] = head.predict_proba(vectors[test])
-        energy[test] = logit_energy(head.coef_, head.intercept_, vectors[test])
+        probabilities[test], energy[test] = softmax_and_energy(head.coef_, head.intercept_, vectors[test])
         unknown[test] = is_hidden[test] | (out_of_scope[labels[test]] if scoped and out_of_scope is not None else False)
     predicted, sure = probabilities.argmax(axis=1), probabilities.max(axis=1).astype(np.float64)
     nearest = np.full((len(labels), NEIGHBOURS), -1)
@@ -433,6 +432,8 @@ def domain_floor(fold: Fold) -> float | None:
     """The :data:`DOMAIN_COST` quantile of the held-out energies of the team's own phrasings (out
     of scope ones apart): a question read more weakly is of none of its topics, and the head's
     word on a pair with it (the veto's floor, the entry record's even chance) says nothing.
+    Measured on the folds' heads, whose energies run lower than the whole file's head's: the
+    served head calls more questions the team's, so the gate errs toward the veto.
     ``None``: no energies kept, or no phrasing of the team's."""
     if fold.energy is None:
         return None

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -39,23 +38,23 @@ logger = logging.getLogger("strata.intents")
 REFRESH_S = 2.0
 
 
-def softmax_probabilities(weights: np.ndarray, bias: np.ndarray, vectors: np.ndarray) -> np.ndarray:
-    """Each row's probability of every class under ``softmax(vectors @ weights + bias)``."""
-    logits = np.asarray(vectors, dtype=np.float32) @ weights + bias
-    logits -= logits.max(axis=1, keepdims=True)
-    probabilities: np.ndarray = np.exp(logits)
-    probabilities /= probabilities.sum(axis=1, keepdims=True)
-    return probabilities
-
-
-def logit_energy(weights: np.ndarray, bias: np.ndarray, vectors: np.ndarray) -> np.ndarray:
-    """Each row's log-sum-exp of its logits: how strongly the head reads the question at all, before
+def softmax_and_energy(weights: np.ndarray, bias: np.ndarray, vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's probability of every class under ``softmax(vectors @ weights + bias)``, and the
+    log-sum-exp of its logits, its energy: how strongly the head reads the question at all, before
     the softmax shares it out (energy-based out-of-distribution scoring: a question of none of
     the head's topics gets low logits everywhere, while its softmax can still look sure)."""
     logits = np.asarray(vectors, dtype=np.float32) @ weights + bias
     top = logits.max(axis=1, keepdims=True)
-    energy: np.ndarray = (top + np.log(np.exp(logits - top).sum(axis=1, keepdims=True)))[:, 0]
-    return energy
+    probabilities: np.ndarray = np.exp(logits - top)
+    totals = probabilities.sum(axis=1, keepdims=True)
+    probabilities /= totals
+    energy: np.ndarray = (top + np.log(totals))[:, 0]
+    return probabilities, energy
+
+
+def softmax_probabilities(weights: np.ndarray, bias: np.ndarray, vectors: np.ndarray) -> np.ndarray:
+    """Each row's probability of every class under ``softmax(vectors @ weights + bias)``."""
+    return softmax_and_energy(weights, bias, vectors)[0]
 
 
 def softmax_predict(weights: np.ndarray, bias: np.ndarray, vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -143,7 +142,7 @@ class HeadMeta(msgspec.Struct, frozen=True, kw_only=True):
     # per intent); one miss per entry costs less than a wrong hit under a 1% bound.
     stand_in_reach: list[float] = msgspec.field(default_factory=list)
     # The head's word on a pair (the veto's floor, the entry record's even chance) counts only for
-    # a question it reads at this energy or more (:func:`logit_energy`): where 1% of the file's
+    # a question it reads at this energy or more (:func:`softmax_and_energy`): where 1% of the file's
     # held-out phrasings sit. Below, the question is of none of the team's topics and the head's
     # diffuse probabilities say nothing of it (general questions in a bank's category were 70%
     # set aside). ``None``: every question (heads loaded before it).
@@ -261,13 +260,10 @@ class IntentHead:
         return softmax_predict(self.weights, self.bias, np.atleast_2d(vectors))
 
     def guess(self, vector: np.ndarray) -> IntentGuess:
-        logits = np.atleast_2d(vector).astype(np.float32) @ self.weights + self.bias
-        top = float(logits.max())
-        exponentials = np.exp(logits[0] - top)
-        total = float(exponentials.sum())
-        probabilities = exponentials / total
+        read, energy = softmax_and_energy(self.weights, self.bias, np.atleast_2d(vector))
+        probabilities = read[0]
         floor = self.meta.domain_floor
-        in_domain = floor is None or top + math.log(total) >= floor
+        in_domain = floor is None or float(energy[0]) >= floor
         i = int(probabilities.argmax())
         sure = float(probabilities[i])
         meta = self.meta
