@@ -261,12 +261,23 @@ def static_ceiling(team: Path, stream: Path, threshold: float) -> dict[str, Any]
     # The same with the guards the pipeline keeps (a simulated model answers per label, so the
     # static replay counts "a timer for 5 minutes" served "a timer for 10 minutes" right; a real
     # one would not be).
-    from app.cache.decision.verify import Lexicon, PairAnalyzer
+    from app.cache.decision.verify import NEGATION_DIFFERS, Lexicon, PairAnalyzer
+    from app.intents import negation_within
     from app.settings import PROJECT_ROOT
 
     analyzer = PairAnalyzer(Lexicon.load(PROJECT_ROOT / "schemas" / "verification.yaml"))
-    guarded = replay_static(requests, asked, vectors, read, sure, out_of_scope, threshold,
-                            guard=lambda a, b: analyzer.signals(a, b).rejection)
+    # As the pipeline keeps them: the negation guard alone does not set aside a pair read as an
+    # intent whose team phrasings differ in negation (HeadMeta.negation_within).
+    negated = [False] * len(every) if english else negation_within(every, lambda a, b: analyzer.signals(a, b).rejections)
+    intent_of = {text: int(intent) for text, intent in zip(asked, read, strict=True)}
+
+    def guard(text: str, cached: str) -> str | None:
+        rejections = analyzer.signals(text, cached).rejections
+        if rejections == (NEGATION_DIFFERS,) and negated[intent_of[text]]:
+            return None
+        return rejections[0] if rejections else None
+
+    guarded = replay_static(requests, asked, vectors, read, sure, out_of_scope, threshold, guard=guard)
     # The same head at the threshold that, in hindsight, captures most within the bound (1%).
     within = [r for r in (replay_static(requests, asked, vectors, read, sure, out_of_scope, level)
                           for level in CEILING_LEVELS) if r["wrong"] <= 0.01 * r["served"]]

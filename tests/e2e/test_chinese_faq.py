@@ -75,6 +75,9 @@ def test_a_chinese_faq_serves_its_answers_to_other_wordings_and_none_to_other_qu
     said = loaded.stdout.strip().splitlines()[-1]
     # Chinese out-of-scope stand-ins were added, and the rule serves on probation from the first request.
     assert "out-of-scope questions of Strata's" in said and "on probation from the first request" in said, said
+    # "退款怎么还没到", "买的东西不想要了怎么退", "密码想不起来了": negation does not tell those three
+    # intents' questions apart, and the intent rule may serve past the negation guard there.
+    assert "The team's own phrasings of 3 intents differ in negation" in said, said
     assert eventually(lambda: [h for h in httpx.get(base + "/health").json().get("intents", [])
                                if h["category"] == CATEGORY], timeout=15)
     headers = {"X-Cache-Category": CATEGORY}

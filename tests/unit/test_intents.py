@@ -93,6 +93,29 @@ def test_two_sequences_share_the_risk_and_the_guards_are_replayed() -> None:
     assert calibrate(many, labels, 10, 0.05, 0.0, delta=0.05).threshold <= 1
     # Guards that set every cached phrasing aside leave the rule nothing to serve in the folds.
     assert calibrate(many, labels, 10, 0.05, 0.0, delta=0.05, refused=lambda asker, cached: True).threshold > 1
+    # Set aside by the negation guard alone, within intents the team's phrasings negate: the intent
+    # rule overrules that guard, so the replay keeps those pairs (and only for those intents).
+    negated = np.ones(10, dtype=bool)
+    assert calibrate(many, labels, 10, 0.05, 0.0, delta=0.05, refused=lambda asker, cached: True,
+                     overrulable=lambda asker, cached: True, negation_within=negated).threshold <= 1
+    assert calibrate(many, labels, 10, 0.05, 0.0, delta=0.05, refused=lambda asker, cached: True,
+                     overrulable=lambda asker, cached: True, negation_within=~negated).threshold > 1
+    assert calibrate(many, labels, 10, 0.05, 0.0, delta=0.05, refused=lambda asker, cached: True,
+                     overrulable=lambda asker, cached: False, negation_within=negated).threshold > 1
+
+
+def test_an_intent_whose_own_phrasings_differ_in_negation_is_found_from_the_file() -> None:
+    from app.cache.decision.verify import load_verifier
+    from app.intents import IntentDef, negation_within
+    from app.settings import Settings
+
+    verifier = load_verifier(Settings())
+    items = [IntentDef(intent="data_plan", phrasings=["怎么加流量包", "流量不够用怎么办", "流量包怎么订购"]),
+             IntentDef(intent="check_bill", phrasings=["怎么查话费账单", "账单在哪里看"]),
+             IntentDef(intent="card_declined", phrasings=["my card was declined", "my card does not work"]),
+             IntentDef(intent="table", phrasings=["book a table", "i do not want to book a table"], shared=False),
+             IntentDef(intent="out_of_scope", phrasings=["今天天气怎么样", "你们不下班吗"])]
+    assert negation_within(items, verifier.guards) == [True, False, True, False, False]
 
 
 def test_the_folds_find_neighbours_with_the_index_vectors_when_the_head_reads_another_embedder() -> None:

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import msgspec
 import numpy as np
 
+from app.cache.decision.adaptive import AdaptiveDecision
 from app.cache.decision.rules import (
     RULE_ORDER,
     CuratedWording,
@@ -25,6 +26,7 @@ from app.cache.decision.rules import (
     PoolOnce,
     PriorZone,
     ReaderRule,
+    Rule,
     Ruling,
     rule_table,
     rules_for,
@@ -36,11 +38,14 @@ from app.cache.decision.verify import (
     INTENT_PROBATION,
     INTENT_TRIAL,
     INTENT_UNCHECKED,
+    NEGATION_DIFFERS,
+    NUMBERS_DIFFER,
     CandidateCheck,
     ThresholdVerifier,
+    load_verifier,
 )
 from app.cache.readers.oracle import OracleReader
-from app.cache.storage.contract import Nearest
+from app.cache.storage.contract import Nearest, Verdict
 from app.cache.storage.intents import HeadMeta, IntentGuess, IntentHead, likely_json
 from app.cache.storage.keys import (
     FIELD_INTENT,
@@ -53,7 +58,7 @@ from app.cache.storage.keys import (
     SOURCE_MODEL,
 )
 from app.policy import AdaptiveSemantic
-from app.settings import PROJECT_ROOT
+from app.settings import PROJECT_ROOT, Settings
 
 
 def kinds(policy: AdaptiveSemantic, reader: object = None) -> list[type]:
@@ -184,6 +189,9 @@ def test_a_heads_guess_keeps_the_probability_of_every_likely_intent() -> None:
     assert set(guess.likely) == {"a", "b"} and abs(sum(guess.likely.values()) - 1.0) < 0.01
     assert guess.chance_of("c") == 0.0 and abs(guess.chance_of("b") - 0.269) < 0.01
     assert guess.in_domain  # no floor measured: every question counts
+    assert not guess.negation_within  # a head loaded before it: the negation guard stands
+    negated = IntentHead(msgspec.structs.replace(meta, negation_within=[True, False, False]), head.weights, head.bias)
+    assert negated.guess(np.array([1.0], dtype=np.float32)).negation_within
     # Its energy (log-sum-exp of the logits) is 2 + log(1 + e^-1 + e^-6), about 2.31: a floor above
     # it puts the question outside the team's topics, one below keeps it inside.
     for floor, inside in ((2.5, False), (2.2, True)):
@@ -363,3 +371,73 @@ def test_with_a_head_the_entry_record_serves_only_pairs_the_head_gives_an_even_c
     # 0.8 x 0.6 + 0.2 x 0.4 = 0.56, or no head at all: the record is read (never confirmed here: no serve).
     assert asyncio.run(record(facts({"goodbye": 0.8, "thank_you": 0.2}))) is None and redis.reads == 1
     assert asyncio.run(record(facts(None))) is None and redis.reads == 2
+
+
+def negation_facts(question: str, cached: str, *, within: bool, cached_intent: str = "data_plan") -> Facts:
+    guess = IntentGuess(intent="data_plan", confidence=0.97, confident=True, shared=True, threshold=0.9,
+                        likely={"data_plan": 0.97}, negation_within=within)
+    row = Nearest("doc", 0.7, {FIELD_QUESTION: cached, FIELD_INTENT: cached_intent, FIELD_INTENT_CONFIDENCE: "0.97"})
+    return Facts(query=None, question=question, row=row, root="doc", score=0.7, score_bin=70,  # type: ignore[arg-type]
+                 pool=PoolOnce(lambda: None), asked_intent=guess)  # type: ignore[arg-type,return-value]
+
+
+def test_the_negation_guard_alone_may_be_overruled_by_the_intent_rule_within_an_intent_the_team_negates() -> None:
+    """The telecom team's `data_plan` holds "流量不够用怎么办" and "怎么加流量包": negation does not
+    tell its questions apart. The negation guard's refusal of such a pair, both read as it, is one
+    the intent rule may overrule; numbers, another intent, or an intent the team never negates keep it."""
+    guards = Guards(CandidateCheck(load_verifier(Settings())))
+
+    def ruled(question: str, cached: str, **kwargs: object) -> Ruling | None:
+        return asyncio.run(guards(negation_facts(question, cached, **kwargs)))  # type: ignore[arg-type]
+
+    overrulable = ruled("流量不够用怎么办", "怎么加流量包", within=True)
+    assert overrulable is not None and overrulable.next_row and overrulable.verdict.reason == NEGATION_DIFFERS
+    assert overrulable.intent_may_serve
+    for kept in (ruled("流量不够用怎么办", "怎么加流量包", within=False),
+                 ruled("流量不够用怎么办", "怎么加流量包", within=True, cached_intent="check_bill"),
+                 ruled("10G流量不够用怎么办", "怎么加5G流量包", within=True)):
+        assert kept is not None and kept.next_row and not kept.intent_may_serve
+    numbers = ruled("10G流量不够用怎么办", "怎么加5G流量包", within=True)
+    assert numbers is not None and numbers.verdict.reason == NUMBERS_DIFFER
+    assert ruled("怎么加流量包", "流量包怎么订购", within=True) is None
+
+
+class ServingIntentMatch(IntentMatch):
+    """The intent rule as the decision sees it: serves, or passes (``serves=False``)."""
+
+    def __init__(self, serves: bool) -> None:
+        self.serves = serves
+
+    async def __call__(self, facts: Facts) -> Ruling | None:
+        return Ruling(verdict=Verdict(True, INTENT_MATCH)) if self.serves else None
+
+
+class Fixed(Pool):
+    """A rule that always rules as told (a pool that would serve, a veto)."""
+
+    def __init__(self, ruling: Ruling | None) -> None:
+        self.ruling = ruling
+
+    async def __call__(self, facts: Facts) -> Ruling | None:
+        return self.ruling
+
+
+def test_an_overrulable_guard_stands_unless_the_intent_rule_serves_when_its_turn_comes() -> None:
+    guard = Ruling(verdict=Verdict(False, NEGATION_DIFFERS), next_row=True, intent_may_serve=True)
+    pool_serves = Ruling(verdict=Verdict(True, "within_bound"))
+    veto = Ruling(verdict=Verdict(False, "wrong_before"))
+
+    def decided(*rules: Rule) -> Ruling | None:
+        return asyncio.run(AdaptiveDecision._first_ruling(None, list(rules)))  # type: ignore[arg-type]
+
+    served = decided(Fixed(guard), Fixed(None), ServingIntentMatch(True), Fixed(pool_serves))
+    assert served is not None and served.verdict.accepted and served.verdict.reason == INTENT_MATCH
+    # The intent rule passes: the pool after it may not serve what the guard set aside.
+    assert decided(Fixed(guard), ServingIntentMatch(False), Fixed(pool_serves)) == guard
+    # A rule before the intent rule rules (a veto): the guard's word, the row set aside.
+    assert decided(Fixed(guard), Fixed(veto), ServingIntentMatch(True)) == guard
+    # Without the intent rule (beyond the band, a category without one): the guard's word.
+    assert decided(Fixed(guard), Fixed(pool_serves)) == guard
+    # A guard that may not be overruled: as before, the first ruling.
+    plain = Ruling(verdict=Verdict(False, NEGATION_DIFFERS), next_row=True)
+    assert decided(Fixed(plain), ServingIntentMatch(True)) == plain

@@ -200,12 +200,9 @@ class AdaptiveDecision:
         score = decision_score(row.similarity, None, policy.threshold)
         facts = Facts(query=query, question=question, row=row, root=root, score=score, score_bin=score_bin(score),
                       pool=pool, asked_intent=asked_intent)
-        for rule in self.rules(policy):
-            if not isinstance(rule, BEYOND_BAND_RULES):
-                continue
-            ruling = await rule(facts)
-            if ruling is None:
-                continue
+        beyond_rules = [rule for rule in self.rules(policy) if isinstance(rule, BEYOND_BAND_RULES)]
+        ruling = await self._first_ruling(facts, beyond_rules)
+        if ruling is not None:
             if not ruling.verdict.accepted and not ruling.check_after:
                 if set_aside is not None:
                     set_aside.append(f"beyond:{ruling.verdict.reason}")
@@ -217,11 +214,31 @@ class AdaptiveDecision:
         return None
 
     async def _rule(self, facts: Facts) -> Ruling:
-        for rule in self.rules(facts.policy):
+        ruling = await self._first_ruling(facts, self.rules(facts.policy))
+        if ruling is None:
+            raise AssertionError("the last rule always rules")
+        return ruling
+
+    @staticmethod
+    async def _first_ruling(facts: Facts, rules: Sequence[Rule]) -> Ruling | None:
+        """The first rule's ruling, in order. A guard's refusal the intent rule may overrule
+        (:attr:`Ruling.intent_may_serve`) stands unless the intent rule, when its turn comes,
+        serves: any other rule's ruling before or after it, or its passing, keeps the guard's."""
+        overrulable: Ruling | None = None
+        for rule in rules:
             ruling = await rule(facts)
+            if overrulable is not None:
+                if isinstance(rule, IntentMatch) and ruling is not None and ruling.verdict.accepted:
+                    return ruling
+                if ruling is not None or isinstance(rule, IntentMatch):
+                    return overrulable
+                continue
+            if ruling is not None and ruling.intent_may_serve:
+                overrulable = ruling
+                continue
             if ruling is not None:
                 return ruling
-        raise AssertionError("the last rule always rules")
+        return overrulable
 
     def _outcome(self, facts: Facts, ruling: Ruling, rows: Sequence[Nearest],
                  policy: AdaptiveSemantic) -> Serve | Candidate:

@@ -55,6 +55,7 @@ from app.cache.decision.verify import (
     INTENT_PROBATION,
     INTENT_TRIAL,
     INTENT_UNCHECKED,
+    NEGATION_DIFFERS,
     OUTSIDE_BOUND,
     READER_ACCEPTED,
     READER_REJECTED,
@@ -103,6 +104,10 @@ class Ruling(msgspec.Struct, frozen=True, kw_only=True):
         probation: Served by the intent rule on probation and checked: the model's answer,
             asked after the response, counts on the intent's probation record.
         probation_bin: That hit's lower confidence, in hundredths: its check counts there too.
+        intent_may_serve: A guard's refusal the intent rule may overrule, and only it: the
+            negation guard alone, on a pair the team's head reads as one intent whose own
+            phrasings differ in negation (:class:`Guards`). The decision serves the intent
+            rule's hit, else sets the row aside as the guard said.
     """
 
     verdict: Verdict
@@ -113,6 +118,7 @@ class Ruling(msgspec.Struct, frozen=True, kw_only=True):
     trial_bin: int = -1
     probation: bool = False
     probation_bin: int = -1
+    intent_may_serve: bool = False
 
 
 def serve(reason: str, vouched: str = "", *, check_after: bool = False) -> Ruling:
@@ -249,20 +255,33 @@ class Rule(Described):
 
 class Guards(Rule):
     """A guard (different numbers, values, entities, owners; negation; opposite operations; another
-    order) sets the row aside; the next row of the band is considered."""
+    order) sets the row aside; the next row of the band is considered. The negation guard alone,
+    on a pair the team's head reads as one intent whose own phrasings differ in negation, may be
+    overruled by the intent rule, and by no other (:attr:`Ruling.intent_may_serve`)."""
 
     name = "guards"
     reasons = ("numbers_differ", "values_differ", "order_differs", "negation_differs", "opposite_operations",
                "entities_differ", "owner_differs")
-    reads = "both questions (schemas/verification.yaml)"
+    reads = "both questions (schemas/verification.yaml); the head's `negation_within` for the asked intent"
     counts = "`strata_semantic_verifications_total{decision=reject}`; nothing learnt"
 
     def __init__(self, check: CandidateCheck) -> None:
         self._check = check
 
     async def __call__(self, facts: Facts) -> Ruling | None:
-        guard = self._check.guard(facts.question, facts.cached_question)
-        return Ruling(verdict=Verdict(False, guard), next_row=True) if guard else None
+        guards = self._check.guards(facts.question, facts.cached_question)
+        if not guards:
+            return None
+        return Ruling(verdict=Verdict(False, guards[0]), next_row=True,
+                      intent_may_serve=guards == (NEGATION_DIFFERS,) and negation_within_intent(facts))
+
+
+def negation_within_intent(facts: Facts) -> bool:
+    """Whether the head reads the asked question as an intent whose team phrasings differ in
+    negation, and the cached one stands for that intent too (at whatever confidence: the intent
+    rule judges that)."""
+    guess = facts.asked_intent
+    return guess is not None and guess.negation_within and facts.cached_standing[0] == guess.intent
 
 
 class DocumentVeto(Rule):

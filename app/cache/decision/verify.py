@@ -208,7 +208,13 @@ class Signals(msgspec.Struct, frozen=True):
 
     @property
     def rejection(self) -> str | None:
-        for reason, found in (
+        found = self.rejections
+        return found[0] if found else None
+
+    @property
+    def rejections(self) -> tuple[str, ...]:
+        """Every guard that rejects the pair, in the order :attr:`rejection` reports the first."""
+        return tuple(reason for reason, found in (
             (NUMBERS_DIFFER, self.numbers_differ),
             (VALUES_DIFFER, self.values_differ),
             (ORDER_DIFFERS, self.order_differs),
@@ -216,10 +222,7 @@ class Signals(msgspec.Struct, frozen=True):
             (OPPOSITE_OPERATIONS, self.opposite_operations),
             (ENTITIES_DIFFER, self.entities_differ),
             (OWNER_DIFFERS, self.owner_differs),
-        ):
-            if found:
-                return reason
-        return None
+        ) if found)
 
 
 class Slot(msgspec.Struct, frozen=True, array_like=True):
@@ -602,6 +605,10 @@ class PairVerifier:
         """The guards alone: the reason they reject the pair, or ``None``."""
         return self.analyzer.signals(asked, cached).rejection
 
+    def guards(self, asked: str, cached: str) -> tuple[str, ...]:
+        """Every guard that rejects the pair (none: an empty tuple)."""
+        return self.analyzer.signals(asked, cached).rejections
+
     def verify(self, asked: str, cached: str, similarity: float, policy: SemanticPolicy) -> Verdict:
         """Decide whether the answer cached for ``cached`` may serve ``asked``.
 
@@ -634,6 +641,9 @@ class ThresholdVerifier:
 
     def guard(self, asked: str, cached: str) -> str | None:
         return None
+
+    def guards(self, asked: str, cached: str) -> tuple[str, ...]:
+        return ()
 
     def same_content(self, asked: str, cached: str) -> bool:
         return False
@@ -694,6 +704,10 @@ class CandidateCheck:
         """The guard that rejects the pair, not yet counted: the Guards rule turns it into a
         ruling, and the intents' calibration asks it of pairs that never reach the rules."""
         return self.verifier.guard(asked, cached)
+
+    def guards(self, asked: str, cached: str) -> tuple[str, ...]:
+        """Every guard that rejects the pair, not yet counted (:meth:`guard` is the first)."""
+        return self.verifier.guards(asked, cached)
 
     def same_content(self, asked: str, cached: str) -> bool:
         """Whether the pair differs only in function words, punctuation, case or order."""

@@ -197,6 +197,10 @@ class Verifier(Protocol):
         """The guards alone: the reason they reject the pair, or ``None``."""
         ...
 
+    def guards(self, asked: str, cached: str) -> tuple[str, ...]:
+        """Every guard that rejects the pair (``guard`` is the first)."""
+        ...
+
     def same_content(self, asked: str, cached: str) -> bool:
         """Whether the two questions say the same words (a repeat in other function words)."""
         ...

@@ -147,6 +147,11 @@ class HeadMeta(msgspec.Struct, frozen=True, kw_only=True):
     # diffuse probabilities say nothing of it (general questions in a bank's category were 70%
     # set aside). ``None``: every question (heads loaded before it).
     domain_floor: float | None = None
+    # Per intent (``intents``' order): the team's own phrasings of it differ in negation ("流量不够用"
+    # and "怎么加流量包" are both `data_plan`), so negation does not tell its questions apart: the
+    # intent rule may serve a pair both read as it that the negation guard alone sets aside
+    # (the rules after it may not). Empty: heads loaded before it, the guard stands everywhere.
+    negation_within: list[bool] = msgspec.field(default_factory=list)
 
     @property
     def serving(self) -> bool:
@@ -182,6 +187,7 @@ class IntentGuess(msgspec.Struct, frozen=True, kw_only=True):
         veto_below: The veto's floor on the two questions' chance of one intent (:class:`HeadMeta`).
         stand_in_reach: How confidently out-of-scope stand-ins were read as an intent, at most (:class:`HeadMeta`).
         in_domain: Read at the head's ``domain_floor`` or above: its word on a pair counts (:class:`HeadMeta`).
+        negation_within: The team's phrasings of ``intent`` differ in negation (:class:`HeadMeta`).
         chances: Every intent's probability, in the head's order (the veto's chance that it shares
             a cached question's intent); ``positions``: each intent's place in it (the head's, shared).
     """
@@ -198,6 +204,7 @@ class IntentGuess(msgspec.Struct, frozen=True, kw_only=True):
     veto_below: float = 0.0
     stand_in_reach: float = 0.0
     in_domain: bool = True
+    negation_within: bool = False
     chances: list[float] = msgspec.field(default_factory=list)
     positions: dict[str, int] = msgspec.field(default_factory=dict)
 
@@ -272,6 +279,7 @@ class IntentHead:
                            beyond_floor=meta.beyond_floor, likely=likely_rows(probabilities[None, :], meta.intents)[0],
                            probation=meta.probation, veto_below=meta.veto_below,
                            stand_in_reach=max(meta.stand_in_reach, default=0.0), in_domain=in_domain,
+                           negation_within=i < len(meta.negation_within) and meta.negation_within[i],
                            chances=probabilities.tolist(), positions=self.positions)
 
     def probabilities(self, vectors: np.ndarray) -> np.ndarray:
