@@ -338,8 +338,9 @@ async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *,
         rule += "; " + probation_words(calibration, probation, semantic_policy, delta)
     rule += guard_words(calibration)
     if any(within):
-        rule += (f". The team's own phrasings of {sum(within)} intents differ in negation: there the intent rule "
-                 f"serves a pair the negation guard alone would set aside (the other rules never do)")
+        rule += (f". The team's own phrasings of {sum(within)} intent{'s' if sum(within) > 1 else ''} differ in "
+                 f"negation: there the intent rule serves a pair the negation guard alone would set aside (the other "
+                 f"rules never do)")
     meta = HeadMeta(name=name, tenant=tenant, category=category, intents=[i.intent for i in every],
                     shared=[i.shared and not i.out_of_scope for i in every], threshold=calibration.threshold,
                     fingerprint=reader.fingerprint, phrasings=len(texts),

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 import redis
+import yaml
 
 from tests.integration.test_learning import pool_key
 from tests.support import FakeUpstream, ask, eventually, keyspace, run_cli, serve_strata, strata_settings
@@ -502,4 +503,47 @@ def test_a_small_file_serves_on_probation_from_the_first_request_checked_and_sto
     other = ask(strata, "send me the invoice please", headers=probation)
     assert other.headers.get("x-cache-verdict") == "intent_probation", dict(other.headers)
     assert run_cli("intents", "remove", "--category", "learn_intents_probation", env=env).returncode == 0
+    fake_upstream.reset()
+
+
+# A Chinese telecom team's file, in its own words: `data_plan` is asked with and without a negation
+# ("流量不够用", "月底没流量了"); the team's phrasings of the other intents never negate.
+ZH_TEAM = {
+    "data_plan": ["流量包怎么加", "想多买一些流量", "流量快用完了怎么办", "流量不够用", "月底没流量了", "怎么订流量套餐",
+                  "流量包有哪些", "手机流量不足怎么补", "加个流量包", "大一点的流量包怎么办"],
+    "check_bill": ["话费账单怎么查", "这个月用了多少钱", "查消费明细", "账单去哪看", "查上月账单", "扣费明细在哪",
+                   "打印话费详单", "本月话费查询", "订阅电子账单", "查历史账单"],
+    "phone_topup": ["话费怎么充", "充值话费", "去哪交话费", "帮我交话费", "支付宝能充话费吗", "给家里人充话费",
+                    "设置自动充值", "网上缴话费", "给朋友充话费", "欠费了怎么充值"],
+    "change_plan": ["套餐怎么换", "换个便宜的套餐", "办理套餐变更", "想换套餐", "套餐升级怎么办", "下月改套餐",
+                    "套餐能降档吗", "更换套餐", "改套餐多久生效", "怎么改套餐"],
+}
+
+
+def test_a_chinese_intent_asked_with_and_without_a_negation_is_served_past_the_negation_guard(
+        strata: str, redis_url: str, fake_upstream: FakeUpstream, tmp_path: Path) -> None:
+    """Issue #62: Chinese puts its negation inside the predicate of a problem report; where the
+    team's own phrasings of an intent differ in negation, the intent rule serves a pair both read as
+    it that the negation guard alone would set aside. Another intent's pair stays set aside."""
+    fake_upstream.reset()
+    category = "learn_intents_zh"
+    team = tmp_path / "zh-team.yaml"
+    team.write_text(yaml.safe_dump([{"intent": i, "phrasings": p} for i, p in ZH_TEAM.items()], allow_unicode=True),
+                    encoding="utf-8")
+    loaded = run_cli("intents", "load", str(team), "--category", category, env={"STRATA_REDIS_URL": redis_url})
+    assert loaded.returncode == 0, loaded.stderr
+    said = loaded.stdout.strip().splitlines()[-1]
+    assert "The team's own phrasings of 1 intent differ in negation" in said, said
+    assert eventually(lambda: [h for h in intents_on_health(strata) if h["category"] == category
+                               and h["status"] == "serving"], timeout=15), intents_on_health(strata)
+    headers = {"X-Cache-Category": category}
+    assert ask(strata, "怎么加流量包", headers=headers).headers["x-cache"] == "miss"
+    served = ask(strata, "流量不够用了怎么办", headers=headers)
+    assert served.headers["x-cache"] == "semantic-hit" and served.headers["x-cache-verdict"] == "intent_match", \
+        dict(served.headers)
+    # `check_bill`'s phrasings never negate: there a negation still sets the pair aside.
+    assert ask(strata, "怎么查账单", headers=headers).headers["x-cache"] == "miss"
+    refused = ask(strata, "账单查不到怎么办", headers=headers)
+    assert refused.headers["x-cache"] == "miss", dict(refused.headers)
+    assert run_cli("intents", "remove", "--category", category, env={"STRATA_REDIS_URL": redis_url}).returncode == 0
     fake_upstream.reset()
