@@ -308,11 +308,7 @@ async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *,
     def overrulable(asker: int, cached: int) -> bool:
         return check.guards(texts[asker], texts[cached]) == (NEGATION_DIFFERS,)
 
-    # Not for an English file: there negation is a word of its own, and the guard also stops twins
-    # the head confuses (CLINC150: 3 more wrong hits in nine streams for 0.01-0.02 of reach without
-    # it); in Chinese it sits inside the predicates of problem reports ("流量不够用", "还没到账") and
-    # set aside a tenth of the telecom file's reach, none of it wrong (docs/INTENTS.md).
-    within = [False] * len(every) if english else negation_within(every, check.guards)
+    within = negation_within(every, check.guards, english=english)
     calibration = await asyncio.to_thread(
         calibrate, read, labels, len(every), semantic_policy.intent_error_bound, semantic_policy.threshold,
         delta=delta, seed=seed, refused=refused, near=vectors, beyond_band=beyond_band,
@@ -367,10 +363,18 @@ async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *,
                          reads=reads)
 
 
-def negation_within(items: list[IntentDef], guards: Callable[[str, str], tuple[str, ...]]) -> list[bool]:
+def negation_within(items: list[IntentDef], guards: Callable[[str, str], tuple[str, ...]], *,
+                    english: bool) -> list[bool]:
     """Per intent: the team's own phrasings of it differ in negation (the negation guard sets a
     pair of them aside), so negation does not tell its questions apart (``HeadMeta.negation_within``);
-    an intent the rule never serves (not shared, out of scope) is never so."""
+    an intent the rule never serves (not shared, out of scope) is never so, nor any of an
+    ``english`` file's (:func:`reads_english`, as its reader is chosen): there negation is a word
+    of its own, and the guard also stops twins the head confuses (CLINC150: 3 more wrong hits in
+    nine streams for 0.01-0.02 of reach without it); in Chinese it sits inside the predicates of
+    problem reports ("流量不够用", "还没到账") and set aside a tenth of the telecom file's reach, none
+    of it wrong (docs/INTENTS.md)."""
+    if english:
+        return [False] * len(items)
     found = []
     for item in items:
         texts = [normalize_text(t) for t in item.phrasings]

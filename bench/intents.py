@@ -268,7 +268,7 @@ def static_ceiling(team: Path, stream: Path, threshold: float) -> dict[str, Any]
     analyzer = PairAnalyzer(Lexicon.load(PROJECT_ROOT / "schemas" / "verification.yaml"))
     # As the pipeline keeps them: the negation guard alone does not set aside a pair read as an
     # intent whose team phrasings differ in negation (HeadMeta.negation_within).
-    negated = [False] * len(every) if english else negation_within(every, lambda a, b: analyzer.signals(a, b).rejections)
+    negated = negation_within(every, lambda a, b: analyzer.signals(a, b).rejections, english=english)
     intent_of = {text: int(intent) for text, intent in zip(asked, read, strict=True)}
 
     def guard(text: str, cached: str) -> str | None:

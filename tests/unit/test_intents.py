@@ -115,7 +115,9 @@ def test_an_intent_whose_own_phrasings_differ_in_negation_is_found_from_the_file
              IntentDef(intent="card_declined", phrasings=["my card was declined", "my card does not work"]),
              IntentDef(intent="table", phrasings=["book a table", "i do not want to book a table"], shared=False),
              IntentDef(intent="out_of_scope", phrasings=["今天天气怎么样", "你们不下班吗"])]
-    assert negation_within(items, verifier.guards) == [True, False, True, False, False]
+    assert negation_within(items, verifier.guards, english=False) == [True, False, True, False, False]
+    # An English file keeps the negation guard for every intent.
+    assert negation_within(items, verifier.guards, english=True) == [False] * 5
 
 
 def test_the_folds_find_neighbours_with_the_index_vectors_when_the_head_reads_another_embedder() -> None:
