@@ -24,6 +24,7 @@ import yaml
 from redisvl.query import FilterQuery
 from redisvl.query.filter import Tag
 
+from app.cache.decision.rules import intent_may_overrule
 from app.cache.decision.stats import clean_checks_to_certify, risk_level
 from app.cache.decision.verify import NEGATION_DIFFERS
 from app.cache.learning.intents import Calibration, SoftmaxHead, calibrate, why_it_serves_nothing
@@ -305,14 +306,15 @@ async def load_intents(cache: object, policy: Policy, items: list[IntentDef], *,
     def refused(asker: int, cached: int) -> bool:
         return check.guard(texts[asker], texts[cached]) is not None
 
-    def overrulable(asker: int, cached: int) -> bool:
-        return check.guards(texts[asker], texts[cached]) == (NEGATION_DIFFERS,)
-
     within = negation_within(every, check.guards, english=english)
+
+    def overrulable(asker: int, cached: int, intent: int) -> bool:
+        return intent_may_overrule(check.guards(texts[asker], texts[cached]), negation_within=within[intent])
+
     calibration = await asyncio.to_thread(
         calibrate, read, labels, len(every), semantic_policy.intent_error_bound, semantic_policy.threshold,
         delta=delta, seed=seed, refused=refused, near=vectors, beyond_band=beyond_band,
-        beyond_floor=semantic_policy.intent_beyond_floor, overrulable=overrulable, negation_within=np.array(within),
+        beyond_floor=semantic_policy.intent_beyond_floor, overrulable=overrulable,
         out_of_scope=np.array([i.out_of_scope for i in every]), servable=np.array([i.shared and not i.out_of_scope
                                                                                    for i in every]))
     softmax = await asyncio.to_thread(SoftmaxHead(n_classes=len(every), seed=seed).fit, read, labels)

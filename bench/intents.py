@@ -261,19 +261,20 @@ def static_ceiling(team: Path, stream: Path, threshold: float) -> dict[str, Any]
     # The same with the guards the pipeline keeps (a simulated model answers per label, so the
     # static replay counts "a timer for 5 minutes" served "a timer for 10 minutes" right; a real
     # one would not be).
-    from app.cache.decision.verify import NEGATION_DIFFERS, Lexicon, PairAnalyzer
+    from app.cache.decision.rules import intent_may_overrule
+    from app.cache.decision.verify import Lexicon, PairAnalyzer
     from app.intents import negation_within
     from app.settings import PROJECT_ROOT
 
     analyzer = PairAnalyzer(Lexicon.load(PROJECT_ROOT / "schemas" / "verification.yaml"))
-    # As the pipeline keeps them: the negation guard alone does not set aside a pair read as an
-    # intent whose team phrasings differ in negation (HeadMeta.negation_within).
+    # As the pipeline keeps them for the intent rule: a negation's word that negates nothing, or the
+    # negation guard in an intent whose team phrasings differ in negation, does not set a pair aside.
     negated = negation_within(every, lambda a, b: analyzer.signals(a, b).rejections, english=english)
     intent_of = {text: int(intent) for text, intent in zip(asked, read, strict=True)}
 
     def guard(text: str, cached: str) -> str | None:
         rejections = analyzer.signals(text, cached).rejections
-        if rejections == (NEGATION_DIFFERS,) and negated[intent_of[text]]:
+        if intent_may_overrule(rejections, negation_within=negated[intent_of[text]]):
             return None
         return rejections[0] if rejections else None
 

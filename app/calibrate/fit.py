@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.cache.decision.verify import GUARD_FEATURES, PairVerifier
+from app.cache.decision.verify import PairVerifier
 from app.cache.storage.keys import normalize_text
 from app.calibrate.evaluate import Score, score
 from app.calibrate.pairs import Pair
@@ -34,8 +34,9 @@ class PairTable:
 
 def tabulate(pairs: Sequence[Pair], sims: np.ndarray, verifier: PairVerifier) -> PairTable:
     features = features_of(pairs, sims, verifier)
-    # The last four features are the guard signals: a pair passes the guards when all are 0.
-    guard_ok = np.asarray(~features[:, -len(GUARD_FEATURES):].astype(bool).any(axis=1))
+    # The guards as the service applies them (every guard, not only those among the features).
+    guard_ok = np.array([verifier.guard(normalize_text(p.asked), normalize_text(p.cached)) is None for p in pairs],
+                        dtype=bool)
     probability = verifier.model.probability(features) if verifier.model else np.zeros(len(pairs))
     return PairTable(np.asarray(sims), guard_ok, probability, np.array([p.label for p in pairs]))
 

@@ -508,7 +508,7 @@ def test_a_small_file_serves_on_probation_from_the_first_request_checked_and_sto
 
 # A Chinese telecom team's file, in its own words: `data_plan` is asked with and without a negation
 # ("流量不够用", "月底没流量了"); the team's phrasings of the other intents never negate.
-ZH_TEAM = {
+ZH_TELECOM_TEAM = {
     "data_plan": ["流量包怎么加", "想多买一些流量", "流量快用完了怎么办", "流量不够用", "月底没流量了", "怎么订流量套餐",
                   "流量包有哪些", "手机流量不足怎么补", "加个流量包", "大一点的流量包怎么办"],
     "check_bill": ["话费账单怎么查", "这个月用了多少钱", "查消费明细", "账单去哪看", "查上月账单", "扣费明细在哪",
@@ -528,7 +528,7 @@ def test_a_chinese_intent_asked_with_and_without_a_negation_is_served_past_the_n
     fake_upstream.reset()
     category = "learn_intents_zh"
     team = tmp_path / "zh-team.yaml"
-    team.write_text(yaml.safe_dump([{"intent": i, "phrasings": p} for i, p in ZH_TEAM.items()], allow_unicode=True),
+    team.write_text(yaml.safe_dump([{"intent": i, "phrasings": p} for i, p in ZH_TELECOM_TEAM.items()], allow_unicode=True),
                     encoding="utf-8")
     loaded = run_cli("intents", "load", str(team), "--category", category, env={"STRATA_REDIS_URL": redis_url})
     assert loaded.returncode == 0, loaded.stderr
@@ -541,8 +541,12 @@ def test_a_chinese_intent_asked_with_and_without_a_negation_is_served_past_the_n
     served = ask(strata, "流量不够用了怎么办", headers=headers)
     assert served.headers["x-cache"] == "semantic-hit" and served.headers["x-cache-verdict"] == "intent_match", \
         dict(served.headers)
-    # `check_bill`'s phrasings never negate: there a negation still sets the pair aside.
+    # `check_bill`'s phrasings never negate: there a negation still sets the pair aside, and a
+    # question asked both ways (能不能) is none.
     assert ask(strata, "怎么查账单", headers=headers).headers["x-cache"] == "miss"
+    both_ways = ask(strata, "能不能查一下账单", headers=headers)
+    assert both_ways.headers["x-cache"] == "semantic-hit" and both_ways.headers["x-cache-verdict"] == "intent_match", \
+        dict(both_ways.headers)
     refused = ask(strata, "账单查不到怎么办", headers=headers)
     assert refused.headers["x-cache"] == "miss", dict(refused.headers)
     assert run_cli("intents", "remove", "--category", category, env={"STRATA_REDIS_URL": redis_url}).returncode == 0

@@ -93,15 +93,16 @@ def test_two_sequences_share_the_risk_and_the_guards_are_replayed() -> None:
     assert calibrate(many, labels, 10, 0.05, 0.0, delta=0.05).threshold <= 1
     # Guards that set every cached phrasing aside leave the rule nothing to serve in the folds.
     assert calibrate(many, labels, 10, 0.05, 0.0, delta=0.05, refused=lambda asker, cached: True).threshold > 1
-    # Set aside by the negation guard alone, within intents the team's phrasings negate: the intent
-    # rule overrules that guard, so the replay keeps those pairs (and only for those intents).
-    negated = np.ones(10, dtype=bool)
+    # Set aside by guards the intent rule overrules for the asker's reading (the negation guard
+    # within intents the team's phrasings negate): the replay keeps those pairs, for those readings.
     assert calibrate(many, labels, 10, 0.05, 0.0, delta=0.05, refused=lambda asker, cached: True,
-                     overrulable=lambda asker, cached: True, negation_within=negated).threshold <= 1
+                     overrulable=lambda asker, cached, intent: True).threshold <= 1
     assert calibrate(many, labels, 10, 0.05, 0.0, delta=0.05, refused=lambda asker, cached: True,
-                     overrulable=lambda asker, cached: True, negation_within=~negated).threshold > 1
-    assert calibrate(many, labels, 10, 0.05, 0.0, delta=0.05, refused=lambda asker, cached: True,
-                     overrulable=lambda asker, cached: False, negation_within=negated).threshold > 1
+                     overrulable=lambda asker, cached, intent: False).threshold > 1
+    read_as: list[int] = []
+    calibrate(many, labels, 10, 0.05, 0.0, delta=0.05, refused=lambda asker, cached: True,
+              overrulable=lambda asker, cached, intent: read_as.append(intent) is None and False)
+    assert read_as and set(read_as) <= set(range(10))
 
 
 def test_an_intent_whose_own_phrasings_differ_in_negation_is_found_from_the_file() -> None:

@@ -28,6 +28,7 @@ from app.cache.decision.rules import (
     ReaderRule,
     Rule,
     Ruling,
+    intent_may_overrule,
     rule_table,
     rules_for,
 )
@@ -39,6 +40,7 @@ from app.cache.decision.verify import (
     INTENT_TRIAL,
     INTENT_UNCHECKED,
     NEGATION_DIFFERS,
+    NEGATION_WORD_ONLY,
     NUMBERS_DIFFER,
     CandidateCheck,
     ThresholdVerifier,
@@ -400,6 +402,30 @@ def test_the_negation_guard_alone_may_be_overruled_by_the_intent_rule_within_an_
     numbers = ruled("10G流量不够用怎么办", "怎么加5G流量包", within=True)
     assert numbers is not None and numbers.verdict.reason == NUMBERS_DIFFER
     assert ruled("怎么加流量包", "流量包怎么订购", within=True) is None
+
+
+def test_a_question_asked_both_ways_may_be_served_by_the_intent_rule_alone_in_any_intent() -> None:
+    """"能不能加流量包" negates nothing: on a pair both read as one intent the intent rule may serve
+    past it, whether or not the team's phrasings of the intent negate; every other rule keeps
+    the row aside (a question asked both ways is a paraphrase a third of the time in AFQMC)."""
+    guards = Guards(CandidateCheck(load_verifier(Settings())))
+
+    def ruled(question: str, cached: str, **kwargs: object) -> Ruling | None:
+        return asyncio.run(guards(negation_facts(question, cached, **kwargs)))  # type: ignore[arg-type]
+
+    for within in (True, False):
+        both_ways = ruled("能不能加流量包", "怎么加流量包", within=within)
+        assert both_ways is not None and both_ways.next_row and both_ways.verdict.reason == NEGATION_WORD_ONLY
+        assert both_ways.intent_may_serve
+    other_intent = ruled("能不能加流量包", "怎么加流量包", within=False, cached_intent="check_bill")
+    assert other_intent is not None and not other_intent.intent_may_serve
+    # A real negation beside it is the negation guard's, as ever.
+    negated = ruled("能不能加流量包，流量不够用", "怎么加流量包", within=False)
+    assert negated is not None and negated.verdict.reason == NEGATION_DIFFERS and not negated.intent_may_serve
+    assert intent_may_overrule((NEGATION_WORD_ONLY,), negation_within=False)
+    assert not intent_may_overrule((NEGATION_WORD_ONLY, NUMBERS_DIFFER), negation_within=True)
+    assert intent_may_overrule((NEGATION_DIFFERS,), negation_within=True)
+    assert not intent_may_overrule((NEGATION_DIFFERS,), negation_within=False)
 
 
 class ServingIntentMatch(IntentMatch):

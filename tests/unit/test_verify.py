@@ -11,6 +11,7 @@ from app.cache.decision.verify import (
     ENTITIES_DIFFER,
     FEATURE_NAMES,
     NEGATION_DIFFERS,
+    NEGATION_WORD_ONLY,
     NUMBERS_DIFFER,
     OPPOSITE_OPERATIONS,
     ORDER_DIFFERS,
@@ -23,7 +24,8 @@ from app.cache.decision.verify import (
     PairVerifier,
     VerifierArtifact,
 )
-from app.calibrate.fit import PairTable, decide
+from app.calibrate.fit import decide, tabulate
+from app.calibrate.pairs import Pair
 from app.policy import FixedSemantic
 from app.settings import PROJECT_ROOT
 
@@ -75,6 +77,42 @@ def test_guards_let_true_paraphrases_through(asked: str, cached: str) -> None:
     assert analyzer.signals(asked, cached).rejection is None
 
 
+@pytest.mark.parametrize(("asked", "cached"), [
+    ("收货地址能不能改", "收货地址可以修改吗"),  # a question asked both ways negates nothing
+    ("有没有办法改地址", "怎么改收货地址"),
+    ("是不是可以补开发票", "可以补开发票吗"),
+    ("可以不可以退货", "可以退货吗"),
+    ("退款到账了没有", "退款到账了吗"),  # 了没有 at the end asks; it does not say "not yet"
+    ("退款是不是还没到", "退款怎么还没到"),  # the 没 left is a negation on both sides
+    ("我想替别人充话费", "怎么给朋友充话费"),  # 别 of 别人 is "other"
+    ("网速特别慢怎么办", "网速很慢怎么办"),
+])
+def test_chinese_questions_asked_both_ways_and_words_that_negate_nothing_pass_the_negation_guard(
+        asked: str, cached: str) -> None:
+    # What is left is a negation's word alone, which only the intent rule may serve past.
+    assert analyzer.signals(asked, cached).rejections in ((), (NEGATION_WORD_ONLY,))
+
+
+@pytest.mark.parametrize(("asked", "cached"), [
+    ("退款还没有到账", "退款到账了吗"),
+    ("不能退货吗", "可以退货吗"),
+    ("能不能退款，我不想要了", "能不能退款"),  # the question asked both ways hides no other negation
+    ("别点这个链接", "点这个链接"),
+    ("退款没有到账", "退款到账了没有"),  # 没有 negates on one side, asks on the other
+])
+def test_a_chinese_negation_beside_a_question_asked_both_ways_still_counts(asked: str, cached: str) -> None:
+    assert NEGATION_DIFFERS in analyzer.signals(asked, cached).rejections
+
+
+def test_the_verifier_reads_the_negation_words_it_was_trained_on() -> None:
+    # Its feature counts every negation word of the lexicon, as when schemas/verifier.json was
+    # trained; only the guard reads a question asked both ways as no negation.
+    negation = FEATURE_NAMES.index("negation_differs")
+    assert analyzer.features("能不能退款", "怎么退款", 0.9)[negation] == 1.0
+    assert analyzer.features("退款要多久", "怎么退款", 0.9)[negation] == 0.0
+    assert analyzer.signals("能不能退款", "怎么退款").rejection == NEGATION_WORD_ONLY
+
+
 def test_the_refund_question_never_gets_the_invoice_answer_even_when_cosine_says_so() -> None:
     verifier = PairVerifier.from_files(LEXICON, ARTIFACT)
     lenient = FixedSemantic(threshold=0.0, accept_above=0.0, min_probability=0.0)
@@ -109,14 +147,12 @@ def test_the_committed_verifier_reproduces_its_training_decisions() -> None:
 def test_the_vectorised_fit_decision_agrees_with_verify() -> None:
     verifier = PairVerifier.from_files(LEXICON, ARTIFACT)
     pairs = [("怎么退款", "退款怎么申请"), ("怎么退款", "怎么开发票"), ("How do I reset my password?", "How can I reset my password?"),
-             ("What is the best laptop?", "What is a good laptop?"), ("花呗能用吗", "花呗不能用吗")]
-    sims = np.array([0.91, 0.95, 0.93, 0.85, 0.97])
-    table = PairTable(
-        similarity=sims,
-        guard_ok=np.array([analyzer.signals(a, c).rejection is None for a, c in pairs]),
-        probability=verifier.model.probability(np.array([analyzer.features(a, c, s) for (a, c), s in zip(pairs, sims, strict=True)])),
-        label=np.zeros(len(pairs), dtype=int),
-    )
+             ("What is the best laptop?", "What is a good laptop?"), ("花呗能用吗", "花呗不能用吗"),
+             # Guards that are not among the verifier's features, and a question asked both ways.
+             ("Can you tell me my name?", "Can you tell me your name?"), ("能不能退款", "退款怎么申请")]
+    sims = np.array([0.91, 0.95, 0.93, 0.85, 0.97, 0.96, 0.92])
+    table = tabulate([Pair(cached=c, asked=a, label=0) for a, c in pairs], sims, verifier)
+    assert table.guard_ok.tolist() == [analyzer.signals(a, c).rejection is None for a, c in pairs]
     for policy in (FixedSemantic(threshold=0.8, accept_above=0.95, min_probability=0.5),
                    FixedSemantic(threshold=0.9, accept_above=1.0, min_probability=0.9)):
         one_by_one = [verifier.verify(a, c, s, policy).accepted for (a, c), s in zip(pairs, sims, strict=True)]

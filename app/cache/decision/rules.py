@@ -56,6 +56,7 @@ from app.cache.decision.verify import (
     INTENT_TRIAL,
     INTENT_UNCHECKED,
     NEGATION_DIFFERS,
+    NEGATION_WORD_ONLY,
     OUTSIDE_BOUND,
     READER_ACCEPTED,
     READER_REJECTED,
@@ -104,10 +105,9 @@ class Ruling(msgspec.Struct, frozen=True, kw_only=True):
         probation: Served by the intent rule on probation and checked: the model's answer,
             asked after the response, counts on the intent's probation record.
         probation_bin: That hit's lower confidence, in hundredths: its check counts there too.
-        intent_may_serve: A guard's refusal the intent rule may overrule, and only it: the
-            negation guard alone, on a pair the team's head reads as one intent whose own
-            phrasings differ in negation (:class:`Guards`). The decision serves the intent
-            rule's hit, else sets the row aside as the guard said.
+        intent_may_serve: A guard's refusal the intent rule may overrule, and only it, on a
+            pair the team's head reads as one intent (:func:`intent_may_overrule`). The decision
+            serves the intent rule's hit, else sets the row aside as the guard said.
     """
 
     verdict: Verdict
@@ -255,13 +255,14 @@ class Rule(Described):
 
 class Guards(Rule):
     """A guard (different numbers, values, entities, owners; negation; opposite operations; another
-    order) sets the row aside; the next row of the band is considered. The negation guard alone,
-    on a pair the team's head reads as one intent whose own phrasings differ in negation, may be
-    overruled by the intent rule, and by no other (:attr:`Ruling.intent_may_serve`)."""
+    order) sets the row aside; the next row of the band is considered. On a pair the team's head
+    reads as one intent, the intent rule, and no other, may overrule a negation's word that
+    negates nothing, or the negation guard where the intent's own phrasings differ in negation
+    (:func:`intent_may_overrule`, :attr:`Ruling.intent_may_serve`)."""
 
     name = "guards"
-    reasons = ("numbers_differ", "values_differ", "order_differs", "negation_differs", "opposite_operations",
-               "entities_differ", "owner_differs")
+    reasons = ("numbers_differ", "values_differ", "order_differs", "negation_differs", "negation_word_only",
+               "opposite_operations", "entities_differ", "owner_differs")
     reads = "both questions (schemas/verification.yaml); the head's `negation_within` for the asked intent"
     counts = "`strata_semantic_verifications_total{decision=reject}`; nothing learnt"
 
@@ -272,16 +273,20 @@ class Guards(Rule):
         guards = self._check.guards(facts.question, facts.cached_question)
         if not guards:
             return None
-        return Ruling(verdict=Verdict(False, guards[0]), next_row=True,
-                      intent_may_serve=guards == (NEGATION_DIFFERS,) and negation_within_intent(facts))
+        guess = facts.asked_intent
+        # The cached question stands for the asked intent too (at whatever confidence: the intent
+        # rule judges that).
+        overrulable = (guess is not None and facts.cached_standing[0] == guess.intent
+                       and intent_may_overrule(guards, negation_within=guess.negation_within))
+        return Ruling(verdict=Verdict(False, guards[0]), next_row=True, intent_may_serve=overrulable)
 
 
-def negation_within_intent(facts: Facts) -> bool:
-    """Whether the head reads the asked question as an intent whose team phrasings differ in
-    negation, and the cached one stands for that intent too (at whatever confidence: the intent
-    rule judges that)."""
-    guess = facts.asked_intent
-    return guess is not None and guess.negation_within and facts.cached_standing[0] == guess.intent
+def intent_may_overrule(guards: tuple[str, ...], *, negation_within: bool) -> bool:
+    """Whether the intent rule may serve past these guards on a pair both read as one intent:
+    a negation's word that negates nothing (a Chinese question asked both ways, 能不能), alone; or
+    the negation guard alone where the intent's own phrasings differ in negation
+    (``HeadMeta.negation_within``). The load's calibration replays the same decision."""
+    return guards == (NEGATION_WORD_ONLY,) or (guards == (NEGATION_DIFFERS,) and negation_within)
 
 
 class DocumentVeto(Rule):

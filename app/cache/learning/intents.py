@@ -269,6 +269,8 @@ NEIGHBOURS = BAND_ROWS
 OF_INTENT = 4
 # Whether the guards set a pair aside (the phrasings' indices: the asker's, the cached one's).
 Refused = Callable[[int, int], bool]
+# (asker, cached, the asker's reading): the intent rule may serve past the guards' refusal.
+Overrulable = Callable[[int, int, int], bool]
 
 
 def folds_for(phrasings: int) -> int:
@@ -280,8 +282,7 @@ def held_out_folds(vectors: np.ndarray, labels: np.ndarray, classes: int, floor:
                    unknown_share: float = UNKNOWN_SHARE, seed: int = 0, epochs: int = EPOCHS,
                    refused: Refused | None = None, near: np.ndarray | None = None,
                    out_of_scope: np.ndarray | None = None, servable: np.ndarray | None = None,
-                   beyond_floor: float = -1.0, overrulable: Refused | None = None,
-                   negation_within: np.ndarray | None = None) -> list[Fold]:
+                   beyond_floor: float = -1.0, overrulable: Overrulable | None = None) -> list[Fold]:
     """Every phrasing read by a head fitted without its fold (and without a tenth of the intents,
     whose phrasings stand for unknown questions), with its nearest other phrasings of the whole
     file at ``floor`` or above, as the cache's KNN would find them, each read by the head that held
@@ -294,8 +295,8 @@ def held_out_folds(vectors: np.ndarray, labels: np.ndarray, classes: int, floor:
     and no intent is held out to stand for them. ``servable`` (per intent): what the rule may serve.
     ``beyond_floor``: the nearest phrasings read as the asker's intent are looked for from this
     similarity (``near``'s) on, as the rule looks beyond the band. ``overrulable``: of the pairs
-    ``refused`` refuses, those the negation guard alone refuses; with ``negation_within`` (per
-    intent) they stay for an asker read as such an intent, as the intent rule overrules that guard."""
+    ``refused`` refuses, those that stay for an asker read as the given intent, as the intent rule
+    overrules the guards there (``app.cache.decision.rules.intent_may_overrule``)."""
     near = vectors if near is None else near
     folds = folds_for(len(labels)) if folds is None else folds
     rng = np.random.default_rng(seed)
@@ -339,8 +340,7 @@ def held_out_folds(vectors: np.ndarray, labels: np.ndarray, classes: int, floor:
             for row, column in zip(*np.nonzero(found >= 0), strict=True):
                 asker, cached = int(row), int(found[row, column])
                 if refused(asker, cached) and not (
-                        overrulable is not None and negation_within is not None
-                        and bool(negation_within[predicted[asker]]) and overrulable(asker, cached)):
+                        overrulable is not None and overrulable(asker, cached, int(predicted[asker]))):
                     found[row, column] = -1
     return [Fold(labels=labels, predicted=predicted, confidence=sure, unknown=unknown, neighbours=nearest,
                  of_intent=of_intent, servable=servable, probabilities=probabilities, nearest_any=nearest_any,
@@ -471,15 +471,15 @@ def calibrate(vectors: np.ndarray, labels: np.ndarray, classes: int, error_bound
               delta: float = DELTA, seed: int = 0, folds: int | None = None, epochs: int = EPOCHS,
               refused: Refused | None = None, near: np.ndarray | None = None,
               beyond_band: bool = False, out_of_scope: np.ndarray | None = None,
-              servable: np.ndarray | None = None, beyond_floor: float = -1.0, overrulable: Refused | None = None,
-              negation_within: np.ndarray | None = None) -> Calibration:
-    """The threshold of the intent rule under ``error_bound`` (the module's procedure); ``near``,
-    ``overrulable`` and ``negation_within`` as in :func:`held_out_folds`; ``beyond_band``: the
+              servable: np.ndarray | None = None, beyond_floor: float = -1.0,
+              overrulable: Overrulable | None = None) -> Calibration:
+    """The threshold of the intent rule under ``error_bound`` (the module's procedure); ``near``
+    and ``overrulable`` as in :func:`held_out_folds`; ``beyond_band``: the
     rule also looks at the nearest rows read as the asked intent outside the band (a head on a
     second embedder)."""
     held = held_out_folds(vectors, labels, classes, floor, folds=folds, seed=seed, epochs=epochs, refused=refused,
                           near=near, out_of_scope=out_of_scope, servable=servable, beyond_floor=beyond_floor,
-                          overrulable=overrulable, negation_within=negation_within)
+                          overrulable=overrulable)
     confidence = np.concatenate([f.confidence for f in held])
     unknown = np.concatenate([f.unknown for f in held])
     right = np.concatenate([(f.predicted == f.labels) & ~f.unknown for f in held])
