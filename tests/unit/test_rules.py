@@ -42,6 +42,7 @@ from app.cache.decision.verify import (
     NEGATION_DIFFERS,
     NEGATION_WORD_ONLY,
     NUMBERS_DIFFER,
+    VALUES_DIFFER,
     CandidateCheck,
     ThresholdVerifier,
     load_verifier,
@@ -375,10 +376,12 @@ def test_with_a_head_the_entry_record_serves_only_pairs_the_head_gives_an_even_c
     assert asyncio.run(record(facts(None))) is None and redis.reads == 2
 
 
-def negation_facts(question: str, cached: str, *, within: bool, cached_intent: str = "data_plan") -> Facts:
+def negation_facts(question: str, cached: str, *, within: bool, cached_intent: str = "data_plan",
+                   source: str = "") -> Facts:
     guess = IntentGuess(intent="data_plan", confidence=0.97, confident=True, shared=True, threshold=0.9,
                         likely={"data_plan": 0.97}, negation_within=within)
-    row = Nearest("doc", 0.7, {FIELD_QUESTION: cached, FIELD_INTENT: cached_intent, FIELD_INTENT_CONFIDENCE: "0.97"})
+    row = Nearest("doc", 0.7, {FIELD_QUESTION: cached, FIELD_INTENT: cached_intent, FIELD_INTENT_CONFIDENCE: "0.97",
+                               **({FIELD_SOURCE: source} if source else {})})
     return Facts(query=None, question=question, row=row, root="doc", score=0.7, score_bin=70,  # type: ignore[arg-type]
                  pool=PoolOnce(lambda: None), asked_intent=guess)  # type: ignore[arg-type,return-value]
 
@@ -426,6 +429,30 @@ def test_a_question_asked_both_ways_may_be_served_by_the_intent_rule_alone_in_an
     assert not intent_may_overrule((NEGATION_WORD_ONLY, NUMBERS_DIFFER), negation_within=True)
     assert intent_may_overrule((NEGATION_DIFFERS,), negation_within=True)
     assert not intent_may_overrule((NEGATION_DIFFERS,), negation_within=False)
+
+
+def test_a_value_only_the_asked_question_names_may_be_served_the_teams_answer_by_the_intent_rule() -> None:
+    """The team wrote its answer for an intent, to phrasings that name no number or value: it
+    depends on none. "退款100元多久到账" read as the intent may get it; a model's answer, a team's
+    phrasing that names a value of its own, or another product keep the row aside."""
+    guards = Guards(CandidateCheck(load_verifier(Settings())))
+
+    def ruled(question: str, cached: str, source: str) -> Ruling | None:
+        return asyncio.run(guards(negation_facts(question, cached, within=False, source=source)))  # type: ignore[arg-type]
+
+    generic = ruled("退款100元多久到账", "退款多久能到", SOURCE_FAQ)
+    assert generic is not None and generic.verdict.reason == NUMBERS_DIFFER and generic.intent_may_serve
+    dated = ruled("今天下单明天能到吗", "下单后多久到", SOURCE_FAQ)
+    assert dated is not None and dated.verdict.reason == VALUES_DIFFER and dated.intent_may_serve
+    both_ways = ruled("退款100元能不能快点到", "退款多久能到", SOURCE_FAQ)
+    assert both_ways is not None and both_ways.intent_may_serve
+    for kept in (ruled("退款100元多久到账", "退款多久能到", "model"),  # a model's answer may name the amount
+                 ruled("退款100元多久到账", "退款50元多久到账", SOURCE_FAQ),  # the team's phrasing names its own
+                 ruled("花呗100元怎么还", "借呗怎么还", SOURCE_FAQ)):  # another product
+        assert kept is not None and not kept.intent_may_serve
+    assert intent_may_overrule((NUMBERS_DIFFER, VALUES_DIFFER), negation_within=False, generic_answer=True)
+    assert not intent_may_overrule((NUMBERS_DIFFER,), negation_within=True, generic_answer=False)
+    assert not intent_may_overrule((), negation_within=True, generic_answer=True)
 
 
 class ServingIntentMatch(IntentMatch):

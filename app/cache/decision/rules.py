@@ -57,9 +57,11 @@ from app.cache.decision.verify import (
     INTENT_UNCHECKED,
     NEGATION_DIFFERS,
     NEGATION_WORD_ONLY,
+    NUMBERS_DIFFER,
     OUTSIDE_BOUND,
     READER_ACCEPTED,
     READER_REJECTED,
+    VALUES_DIFFER,
     WITHIN_BOUND,
     WRONG_BEFORE,
     CandidateCheck,
@@ -75,6 +77,7 @@ from app.cache.storage.keys import (
     FIELD_INTENT_REFUTED,
     FIELD_QUESTION,
     FIELD_WRONG_ABOVE,
+    SOURCE_FAQ,
     SOURCE_MODEL,
     VOUCH_INTENT,
     VOUCH_READER,
@@ -257,8 +260,9 @@ class Guards(Rule):
     """A guard (different numbers, values, entities, owners; negation; opposite operations; another
     order) sets the row aside; the next row of the band is considered. On a pair the team's head
     reads as one intent, the intent rule, and no other, may overrule a negation's word that
-    negates nothing, or the negation guard where the intent's own phrasings differ in negation
-    (:func:`intent_may_overrule`, :attr:`Ruling.intent_may_serve`)."""
+    negates nothing, the negation guard where the intent's own phrasings differ in negation, and
+    a number or value the asked question names where the row is the team's answer and its
+    phrasing names none (:func:`intent_may_overrule`, :attr:`Ruling.intent_may_serve`)."""
 
     name = "guards"
     reasons = ("numbers_differ", "values_differ", "order_differs", "negation_differs", "negation_word_only",
@@ -277,16 +281,26 @@ class Guards(Rule):
         # The cached question stands for the asked intent too (at whatever confidence: the intent
         # rule judges that).
         overrulable = (guess is not None and facts.cached_standing[0] == guess.intent
-                       and intent_may_overrule(guards, negation_within=guess.negation_within))
+                       and intent_may_overrule(guards, negation_within=guess.negation_within,
+                                               generic_answer=source_of(facts.row) == SOURCE_FAQ
+                                               and not self._check.names_values(facts.cached_question)))
         return Ruling(verdict=Verdict(False, guards[0]), next_row=True, intent_may_serve=overrulable)
 
 
-def intent_may_overrule(guards: tuple[str, ...], *, negation_within: bool) -> bool:
-    """Whether the intent rule may serve past these guards on a pair both read as one intent:
-    a negation's word that negates nothing (a Chinese question asked both ways, 能不能), alone; or
-    the negation guard alone where the intent's own phrasings differ in negation
-    (``HeadMeta.negation_within``). The load's calibration replays the same decision."""
-    return guards == (NEGATION_WORD_ONLY,) or (guards == (NEGATION_DIFFERS,) and negation_within)
+def intent_may_overrule(guards: tuple[str, ...], *, negation_within: bool, generic_answer: bool = False) -> bool:
+    """Whether the intent rule may serve past these guards on a pair both read as one intent,
+    every one of them among: a negation's word that negates nothing (a Chinese question asked both
+    ways, 能不能); the negation guard where the intent's own phrasings differ in negation
+    (``HeadMeta.negation_within``); other numbers or values where the cached side is a
+    ``generic_answer``, the team's answer to a phrasing that names none (written for its intent,
+    it depends on no value: "退款100元多久到账" gets the answer to "退款多久能到"). The load's
+    calibration replays the same decision (its file's phrasings stand for model answers)."""
+    allowed = {NEGATION_WORD_ONLY}
+    if negation_within:
+        allowed.add(NEGATION_DIFFERS)
+    if generic_answer:
+        allowed |= {NUMBERS_DIFFER, VALUES_DIFFER}
+    return bool(guards) and set(guards) <= allowed
 
 
 class DocumentVeto(Rule):

@@ -405,6 +405,12 @@ class PairAnalyzer:
     def signals(self, asked: str, cached: str) -> Signals:
         return self.compare(self.profile(asked), self.profile(cached))
 
+    def names_values(self, question: str) -> bool:
+        """Whether the question names a number, a value (an id, a code, an address, a date) or a
+        name: what the numbers and values guards compare (named products and topics aside)."""
+        found = self.profile(question)
+        return bool(found.numbers or found.named or any(slot.value[0] != "#" for slot in found.slots))
+
     def features(self, asked: str, cached: str, similarity: float) -> list[float]:
         return self.pair_features(self.profile(asked), self.profile(cached), similarity)
 
@@ -640,6 +646,9 @@ class PairVerifier:
         """Every guard that rejects the pair (none: an empty tuple)."""
         return self.analyzer.signals(asked, cached).rejections
 
+    def names_values(self, question: str) -> bool:
+        return self.analyzer.names_values(question)
+
     def verify(self, asked: str, cached: str, similarity: float, policy: SemanticPolicy) -> Verdict:
         """Decide whether the answer cached for ``cached`` may serve ``asked``.
 
@@ -677,6 +686,9 @@ class ThresholdVerifier:
         return ()
 
     def same_content(self, asked: str, cached: str) -> bool:
+        return False
+
+    def names_values(self, question: str) -> bool:
         return False
 
     def verify(self, asked: str, cached: str, similarity: float, policy: SemanticPolicy) -> Verdict:
@@ -743,6 +755,10 @@ class CandidateCheck:
     def same_content(self, asked: str, cached: str) -> bool:
         """Whether the pair differs only in function words, punctuation, case or order."""
         return self.verifier.same_content(asked, cached)
+
+    def names_values(self, question: str) -> bool:
+        """Whether the question names a value the guards compare."""
+        return self.verifier.names_values(question)
 
     def held(self, rejection: str) -> Verdict:
         """Count a guard's rejection that stands."""

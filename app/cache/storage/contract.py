@@ -205,6 +205,10 @@ class Verifier(Protocol):
         """Whether the two questions say the same words (a repeat in other function words)."""
         ...
 
+    def names_values(self, question: str) -> bool:
+        """Whether the question names a value the guards compare (a number, an id, a date, a name)."""
+        ...
+
 
 class CacheLayer(Protocol):
     """A cache layer.
