@@ -395,7 +395,8 @@ def probation_words(calibration: Calibration, probation: float, policy: Adaptive
              "as low as a file this small was not shown over the rule's bound")
     return (f"{below}on probation from the first request, both questions of one intent at confidence >= "
             f"{probation:.3f}, {start} (a team's answer stands for its intent: only the asked question's confidence "
-            f"counts, and a number or date it names that the team's phrasing does not is no difference). "
+            f"counts, and where the team's phrasing names no number or date, one the asked question names is no "
+            f"difference). "
             f"Before traffic, the file promises nothing there: held out, it served {calibration.probation_served:.0%} "
             f"of the team's phrasings, {calibration.probation_wrong:.2%} of them wrong. Over traffic, the record "
             f"promises: every probation hit of a model's answer is checked by the model after the response, and an "

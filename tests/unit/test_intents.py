@@ -99,9 +99,14 @@ def test_two_sequences_share_the_risk_and_the_guards_are_replayed() -> None:
                      overrulable=lambda asker, cached, intent: True).threshold <= 1
     assert calibrate(many, labels, 10, 0.05, 0.0, delta=0.05, refused=lambda asker, cached: True,
                      overrulable=lambda asker, cached, intent: False).threshold > 1
+    # The replay asks with the asker's reading, as the rule asks with the head's guess.
     read_as: list[int] = []
-    calibrate(many, labels, 10, 0.05, 0.0, delta=0.05, refused=lambda asker, cached: True,
-              overrulable=lambda asker, cached, intent: read_as.append(intent) is None and False)
+
+    def noting(asker: int, cached: int, intent: int) -> bool:
+        read_as.append(intent)
+        return False
+
+    calibrate(many, labels, 10, 0.05, 0.0, delta=0.05, refused=lambda asker, cached: True, overrulable=noting)
     assert read_as and set(read_as) <= set(range(10))
 
 
