@@ -270,3 +270,40 @@ def test_entries_are_not_merged_past_the_alias_cap(
     time.sleep(0.3)
     assert [redis_sync.hget(k, "root") for k in keys] == [k.encode() for k in keys]
 
+
+
+def test_a_check_marks_the_entry_only_when_its_question_is_read_as_the_checked_intent(
+        redis_url: str, redis_sync: redis.Redis) -> None:
+    """A check is of the document's intent: an alias read as a twin of its entry's intent is
+    checked (or refuted) for itself; its entry is marked only when the head read both as one."""
+    import asyncio
+
+    from app.cache.learning.observations import ObservationWriter
+
+    entry, twin, same = "{check}:entry", "{check}:twin", "{check}:same"
+    redis_sync.hset(entry, mapping={"intent": "goodbye", "question": "it was great talking to you"})
+    redis_sync.hset(twin, mapping={"intent": "thank_you", "question": "thanks, bye", "root": entry})
+    redis_sync.hset(same, mapping={"intent": "goodbye", "question": "bye for now", "root": entry})
+
+    async def mark(document: str, *, right: bool) -> None:
+        if redis_url.startswith("redis+cluster://"):
+            from redis.asyncio.cluster import RedisCluster
+
+            host, port = redis_url.removeprefix("redis+cluster://").split(",")[0].split(":")
+            client: Any = RedisCluster(host=host, port=int(port))
+        else:
+            from redis.asyncio import Redis as AsyncRedis
+
+            client = AsyncRedis.from_url(redis_url)
+        try:
+            await ObservationWriter(client).mark_intent(document, entry, right=right)
+        finally:
+            await client.aclose()
+
+    asyncio.run(mark(twin, right=False))
+    assert redis_sync.hget(twin, "intent_refuted") == b"1"
+    assert redis_sync.hget(entry, "intent_refuted") is None  # `goodbye`'s askers keep their answer
+    asyncio.run(mark(twin, right=True))
+    assert redis_sync.hget(twin, "intent_checked") == b"1" and redis_sync.hget(entry, "intent_checked") is None
+    asyncio.run(mark(same, right=True))
+    assert redis_sync.hget(same, "intent_checked") == b"1" and redis_sync.hget(entry, "intent_checked") == b"1"

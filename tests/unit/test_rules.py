@@ -206,6 +206,36 @@ class NoRedis:
     """The entry's record, never read by a document that is its own entry (``IntentMatch``)."""
 
 
+class EntryRecordOf:
+    """An alias's entry, as :class:`EntryVeto` reads it (one HMGET of its fields)."""
+
+    def __init__(self, fields: dict[str, str]) -> None:
+        self._fields = fields
+
+    async def hmget(self, key: str, names: list[str]) -> list[bytes | None]:
+        return [self._fields[n].encode() if n in self._fields else None for n in names]
+
+
+def test_an_alias_counts_its_entrys_check_only_where_both_are_read_as_one_intent() -> None:
+    """A check is of the intent the rule served (the document's reading): the entry of
+    `goodbye`'s answer, checked by `goodbye` askers, does not vouch for its alias "thanks, bye"
+    that the head reads as `thank_you` (CLINC150 10 per intent, seed 1: served to "i am grateful
+    for the help" and, unchecked, again to "thank you for that reply")."""
+    def standing(entry: dict[str, str], alias_checked: bool = False) -> object:
+        row = Nearest("alias", 0.8, {FIELD_QUESTION: "thanks, bye", FIELD_INTENT: "thank_you",
+                                     FIELD_INTENT_CONFIDENCE: "0.99",
+                                     **({FIELD_INTENT_CHECKED: "1"} if alias_checked else {})})
+        facts = Facts(query=None, question="i am grateful for the help", row=row, root="entry",  # type: ignore[arg-type]
+                      score=0.8, score_bin=80, pool=PoolOnce(lambda: None))  # type: ignore[arg-type,return-value]
+        return asyncio.run(EntryVeto(EntryRecordOf(entry)).vetoed_for_intent(facts))  # type: ignore[arg-type]
+
+    checked_goodbye = {FIELD_INTENT: "goodbye", FIELD_INTENT_CHECKED: "1"}
+    assert not standing(checked_goodbye).checked  # type: ignore[attr-defined]
+    assert standing({FIELD_INTENT: "thank_you", FIELD_INTENT_CHECKED: "1"}).checked  # type: ignore[attr-defined]
+    assert standing(checked_goodbye, alias_checked=True).checked  # type: ignore[attr-defined]
+    assert not standing({FIELD_INTENT: "thank_you"}).checked  # type: ignore[attr-defined]
+
+
 def small_file_facts(trial: tuple[int, int], confidence: float = 0.95, cached_confidence: float = 0.95,
                      record: dict[str, int] | None = None, probation: float = 1.01, threshold: float = 1.01,
                      source: str = SOURCE_MODEL, checked: bool = False, stand_in_reach: float = 0.0,

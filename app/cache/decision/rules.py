@@ -331,14 +331,19 @@ class EntryVeto:
 
     async def vetoed_for_intent(self, facts: Facts) -> IntentStanding:
         """Whether the document may serve by intent (:class:`IntentStanding`): one round trip
-        for an alias, none for an entry."""
+        for an alias, none for an entry. An alias counts its entry's check only where the head
+        read both questions as one intent: the check was of that intent (the entry of
+        `goodbye`'s answer, checked by `goodbye` askers, says nothing of its alias "thanks, bye"
+        read as `thank_you`)."""
         refuted = bool(as_text(facts.row.fields.get(FIELD_INTENT_REFUTED)))
+        checked = bool(as_text(facts.row.fields.get(FIELD_INTENT_CHECKED)))
         if facts.is_entry:
-            return IntentStanding(refuted=refuted, checked=bool(as_text(facts.row.fields.get(FIELD_INTENT_CHECKED))))
-        wrong_above, entry_refuted, entry_checked = await self._redis.hmget(
-            facts.root, [FIELD_WRONG_ABOVE, FIELD_INTENT_REFUTED, FIELD_INTENT_CHECKED])
+            return IntentStanding(refuted=refuted, checked=checked)
+        wrong_above, entry_refuted, entry_checked, entry_intent = await self._redis.hmget(
+            facts.root, [FIELD_WRONG_ABOVE, FIELD_INTENT_REFUTED, FIELD_INTENT_CHECKED, FIELD_INTENT])
+        entry_vouches = bool(as_text(entry_checked)) and (as_text(entry_intent) or "") == facts.cached_reading[0]
         return IntentStanding(vetoed=milli(facts.similarity) <= int(wrong_above or -1),
-                              refuted=refuted or bool(entry_refuted), checked=bool(as_text(entry_checked)))
+                              refuted=refuted or bool(entry_refuted), checked=checked or entry_vouches)
 
 
 class IntentStanding(msgspec.Struct, frozen=True, kw_only=True):
@@ -347,8 +352,9 @@ class IntentStanding(msgspec.Struct, frozen=True, kw_only=True):
     Attributes:
         vetoed: The entry was wrong at this similarity or above (an alias's entry).
         refuted: A hit the rule served from them was measured wrong (``intent_refuted``).
-        checked: The model's answer to one of the rule's would-be hits agreed with the entry's
-            (``intent_checked``, on the entry).
+        checked: The model's answer to one of the rule's would-be hits agreed with the
+            document's (``intent_checked`` on it, or on its entry where the head read the
+            entry's question as the same intent).
     """
 
     vetoed: bool = False
@@ -506,12 +512,13 @@ class IntentMatch(Rule):
     name = "intent match"
     reasons = (INTENT_MATCH, INTENT_PROBATION, INTENT_UNCHECKED, WRONG_BEFORE)
     reads = ("the head's reading of the asked question; the document's `intent`, `intent_confidence`, `intent_refuted` "
-             "(and its entry's, and the entry's `intent_checked`); the pool's `intent_*:<bin>`, `intent_*_of:<intent>` "
+             "(and its entry's, and the entry's `intent_checked` where its `intent` is the document's); the pool's `intent_*:<bin>`, `intent_*_of:<intent>` "
              "and `intent_probation_*_of:<intent>`, and for a head loaded without a probation threshold its "
              "`intent_trial_*:<hundredth>`")
     counts = ("`intent_ok:<bin>`/`intent_wrong:<bin>` and `intent_ok_of:<intent>`/`intent_wrong_of:<intent>` when "
               "explored or marked wrong, never the pool's bins; a wrong marks the document and its entry `intent_refuted`, "
-              "a right one `intent_checked` (also the model's answer to an entry's first hit, asked after the response); "
+              "a right one `intent_checked` (also the model's answer to an entry's first hit, asked after the response; "
+              "a check marks the entry only where the head read its question as the document's intent); "
               "a checked probation hit `intent_probation_ok_of:<intent>`/`intent_probation_wrong_of:<intent>`")
 
     def __init__(self, entry_veto: EntryVeto, draw: Callable[[], float]) -> None:

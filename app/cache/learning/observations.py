@@ -28,6 +28,7 @@ import enum
 from redis.asyncio import Redis
 
 from app.cache.storage.keys import (
+    FIELD_INTENT,
     FIELD_INTENT_CHECKED,
     FIELD_INTENT_REFUTED,
     FIELD_WRONG_ABOVE,
@@ -112,11 +113,19 @@ return 1
 """
 
 
-# KEYS: the document, its entry. ARGV: the field to set (1) on each that exists: whether the
-# model's answer to a question the intent rule would serve from them agreed with theirs.
-_MARK_INTENT = """
-for _, key in ipairs(KEYS) do
-  if redis.call('EXISTS', key) == 1 then redis.call('HSET', key, ARGV[1], 1) end
+# KEYS: the document, its entry. ARGV: the field to set (1): whether the model's answer to a
+# question the intent rule would serve from the document agreed with theirs. The check was of the
+# document's intent (the rule serves only a question read as it): the entry is marked too only
+# when the head read its question as the same intent. An alias read as a twin of the entry's
+# intent ("thanks, bye" stored under `goodbye`'s answer, read as `thank_you`) is checked for
+# itself, and its wrong check does not refute the entry for its own askers.
+_MARK_INTENT = f"""
+local reading = redis.call('HGET', KEYS[1], '{FIELD_INTENT}')
+for i, key in ipairs(KEYS) do
+  if redis.call('EXISTS', key) == 1 and (i == 1 or key == KEYS[1]
+      or redis.call('HGET', key, '{FIELD_INTENT}') == reading) then
+    redis.call('HSET', key, ARGV[1], 1)
+  end
 end
 return 1
 """
