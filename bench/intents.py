@@ -217,6 +217,13 @@ def coarse(why: str) -> str:
     return why
 
 
+def stand_in_reach(load_output: str) -> float | None:
+    """How surely the load's out-of-scope stand-ins were read as an intent, at most (the load's
+    line); ``None``: none was read as one."""
+    found = re.search(r"were read as \d+ of the intents, up to ([0-9.]+)", load_output)
+    return float(found.group(1)) if found else None
+
+
 def serving_confidence(load_output: str) -> float | None:
     """The lowest confidence the loaded head serves at (on probation or certified), from the
     load's line (``confidence >= X``); ``None``: it serves nothing."""
@@ -224,14 +231,16 @@ def serving_confidence(load_output: str) -> float | None:
     return min(found) if found else None
 
 
-def static_ceiling(team: Path, stream: Path, threshold: float) -> dict[str, Any]:
+def static_ceiling(team: Path, stream: Path, threshold: float, reach: float | None = None) -> dict[str, Any]:
     """The tenant's own head replayed statically as a cache keyed by its reading (issue #62 item
     0): fitted on the team's file as ``strata intents load`` fits it (its out-of-scope questions,
     or Strata's stand-ins), reading what the load's head reads (all-MiniLM-L6-v2 for an English
     file, USE otherwise); a question not asked before is served when an earlier question not
     served is read as the same intent, both at ``threshold``, never an out-of-scope reading;
     wrong when that question's label differs or the asker is out of scope. No band, no guards,
-    no checks: what the head alone reads, the ceiling of the pipeline built on it."""
+    no checks: what the head alone reads, the ceiling of the pipeline built on it. Beside it the
+    same with the guards the pipeline keeps, and with those and the out-of-scope check at the
+    load's ``reach`` (``None``: none)."""
     import numpy as np
 
     from app.cache.learning.intents import SoftmaxHead
@@ -279,11 +288,15 @@ def static_ceiling(team: Path, stream: Path, threshold: float) -> dict[str, Any]
         return rejections[0] if rejections else None
 
     guarded = replay_static(requests, asked, vectors, read, sure, out_of_scope, threshold, guard=guard)
+    # And with the out-of-scope check the pipeline keeps (issue #62 item 4): what it may reach.
+    kept = replay_static(requests, asked, vectors, read, sure, out_of_scope, threshold, guard=guard,
+                         reach=reach) if reach is not None else guarded
     # The same head at the threshold that, in hindsight, captures most within the bound (1%).
     within = [r for r in (replay_static(requests, asked, vectors, read, sure, out_of_scope, level)
                           for level in CEILING_LEVELS) if r["wrong"] <= 0.01 * r["served"]]
     best = max(within, key=lambda r: r["captured"], default={"captured": 0.0, "served": 0, "wrong": 0, "level": 1.0})
     return {**at, "guarded_captured": guarded["captured"], "guarded_wrong": guarded["wrong"] / max(1, guarded["served"]),
+            "kept_captured": kept["captured"], "kept_wrong": kept["wrong"] / max(1, kept["served"]),
             "best_captured": best["captured"], "best_level": best["level"],
             "best_wrong": best["wrong"] / max(1, best["served"])}
 
@@ -293,13 +306,17 @@ CEILING_LEVELS = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.93, 0.95, 0.97, 0.98, 0.99, 0
 
 
 def replay_static(requests: list[Any], asked: list[str], vectors: Any, read: Any, sure: Any, out_of_scope: set[int],
-                  threshold: float, guard: Any = None) -> dict[str, Any]:
+                  threshold: float, guard: Any = None, reach: float | None = None) -> dict[str, Any]:
     """:func:`static_ceiling`'s replay at one threshold; ``guard`` (asked, cached) -> a reason or
-    ``None``: the nearest cached question of the intent the guards let through serves."""
+    ``None``: the nearest cached question of the intent the guards let through serves. ``reach``:
+    the out-of-scope check (issue #62 item 4), as the pipeline keeps it: a cached question read no
+    surer than that serves only once its first match agreed (that match is the model's: a miss,
+    and the question is cached); one that disagreed never serves."""
     import numpy as np
 
     seen_texts: set[str] = set()
     cached: dict[int, list[int]] = {}  # intent -> the requests cached, read as it confidently
+    checked: set[int] = set()
     served = wrong = right = 0
     right_at: list[int] = []
     for i, (text, request, intent, confidence) in enumerate(zip(asked, requests, read, sure, strict=True)):
@@ -310,6 +327,13 @@ def replay_static(requests: list[Any], asked: list[str], vectors: Any, read: Any
         same = [j for j in cached.get(int(intent), []) if guard is None or guard(text, asked[j]) is None]
         if confident and same:
             nearest = same[int(np.argmax(vectors[same] @ vectors[i]))]
+            if reach is not None and sure[nearest] <= reach and nearest not in checked:
+                if request["label"] == requests[nearest]["label"] and not request["label"].startswith("oos:"):
+                    checked.add(nearest)
+                else:
+                    cached[int(intent)].remove(nearest)
+                cached[int(intent)].append(i)
+                continue
             served += 1
             label = request["label"]
             if label.startswith("oos:") or requests[nearest]["label"] != label:
@@ -366,8 +390,9 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     print("| arm | team's data | seed | semantic | wrong | captured | intent hits (on probation; wrong) | worst 500 | "
           "OOS served (intent / any) | model calls | its head's static ceiling (wrong); reached | "
-          "the same with the guards; reached | the same head's best within 1%, in hindsight; reached |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "the same with the guards; reached | with the guards and the out-of-scope check; reached | "
+          "the same head's best within 1%, in hindsight; reached |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     losses: dict[str, list[tuple[str, int]]] = {}
     for seed in args.seeds:
         for arm, (stream, team) in build(seed).items():
@@ -387,7 +412,8 @@ def main(argv: list[str] | None = None) -> int:
             share = f["semantic"] / max(1, f["requests"])
             said = (out / f"{arm}-s{seed}.txt").read_text(encoding="utf-8") if team else ""
             level = serving_confidence(said) if team else None
-            ceiling = static_ceiling(team, stream, level) if team and level is not None and not args.no_ceiling else None
+            ceiling = static_ceiling(team, stream, level, stand_in_reach(said)) \
+                if team and level is not None and not args.no_ceiling else None
             of_ceiling = (f"{ceiling['captured']:.2f} at {level:.3f} ({ceiling['wrong'] / max(1, ceiling['served']):.2%}); "
                           f"{f['captured'] / max(1e-9, ceiling['captured']):.0%}") if ceiling else "-"
             best = (f"{ceiling['best_captured']:.2f} at {ceiling['best_level']:.3f} ({ceiling['best_wrong']:.2%}); "
@@ -396,10 +422,13 @@ def main(argv: list[str] | None = None) -> int:
                 best = "no level serves within 1%"
             guarded = (f"{ceiling['guarded_captured']:.2f} ({ceiling['guarded_wrong']:.2%}); "
                        f"{f['captured'] / max(1e-9, ceiling['guarded_captured']):.0%}") if ceiling else "-"
+            kept = (f"{ceiling['kept_captured']:.2f} ({ceiling['kept_wrong']:.2%}); "
+                    f"{f['captured'] / max(1e-9, ceiling['kept_captured']):.0%}") if ceiling else "-"
             print(f"| {arm} | {team.name if team else 'none'} | {seed} | {share:.1%} | "
                   f"{f['wrong']} ({f['wrong'] / max(1, f['semantic']):.2%}) | {f['captured']:.2f} | {f['intent_hits']} "
                   f"({f['probation_hits']}; {f['intent_wrong']}) | {f['worst_window']:.2%} | "
-                  f"{f['oos_by_intent']} / {f['oos_any']} | {f['model_calls']} | {of_ceiling} | {guarded} | {best} |", flush=True)
+                  f"{f['oos_by_intent']} / {f['oos_any']} | {f['model_calls']} | {of_ceiling} | {guarded} | {kept} | {best} |",
+                  flush=True)
             if ceiling:
                 losses[f"{arm} s{seed}"] = lost(report, stream, ceiling["right_at"])
     for arm, where in losses.items():  # item 0: where the pipeline loses what its head reads
