@@ -207,7 +207,7 @@ class NoRedis:
 
 
 class EntryRecordOf:
-    """An alias's entry, as :class:`EntryVeto` reads it (one HMGET of its fields)."""
+    """An alias's entry, as :class:`EntryVeto` and :class:`EntryRecord` read it (one HMGET of its fields)."""
 
     def __init__(self, fields: dict[str, str]) -> None:
         self._fields = fields
@@ -404,6 +404,33 @@ def test_with_a_head_the_entry_record_serves_only_pairs_the_head_gives_an_even_c
     # 0.8 x 0.6 + 0.2 x 0.4 = 0.56, or no head at all: the record is read (never confirmed here: no serve).
     assert asyncio.run(record(facts({"goodbye": 0.8, "thank_you": 0.2}))) is None and redis.reads == 1
     assert asyncio.run(record(facts(None))) is None and redis.reads == 2
+
+
+def test_the_entry_record_serves_an_alias_only_where_the_head_gives_the_entrys_question_an_even_chance_too() -> None:
+    """The record confirmed the entry's answer for its own question's intent: an alias the head
+    misreads ("what is my name" stored under `what_is_your_name`'s answer, read as `user_name`)
+    does not lend it its reading (CLINC150 10 per intent, seed 1: "could you tell me my name"
+    served `what_is_your_name`'s answer by the entry record, twice)."""
+    policy = AdaptiveSemantic(error_bound=0.01, entry_confirmations=1, threshold=0.6)
+    query = SimpleNamespace(category=SimpleNamespace(semantic=policy))
+    guess = IntentGuess(intent="user_name", confidence=0.9, confident=False, shared=True, threshold=1.01,
+                        likely={"user_name": 0.9, "what_is_your_name": 0.1}, chances=[0.9, 0.1],
+                        positions={"user_name": 0, "what_is_your_name": 1})
+    row = Nearest("alias", 0.78, {FIELD_QUESTION: "what is my name", FIELD_INTENT: "user_name",
+                                  FIELD_INTENT_CONFIDENCE: "0.9", FIELD_INTENT_LIKELY: likely_json({"user_name": 0.9})})
+    facts = Facts(query=query, question="could you tell me my name", row=row, root="entry", score=0.85,  # type: ignore[arg-type]
+                  score_bin=85, pool=PoolOnce(lambda: None), asked_intent=guess)  # type: ignore[arg-type,return-value]
+
+    def ruled(entry_likely: dict[str, float] | None) -> Ruling | None:
+        fields = {"confirmed:080": "3", **({FIELD_INTENT_LIKELY: likely_json(entry_likely)} if entry_likely else {})}
+        record = EntryRecord(EntryRecordOf(fields), PriorZone(CandidateCheck(ThresholdVerifier())))  # type: ignore[arg-type]
+        return asyncio.run(record(facts))
+
+    assert ruled({"what_is_your_name": 0.95}) is None  # 0.1 x 0.95: the entry's question is another intent
+    served = ruled({"user_name": 0.7, "what_is_your_name": 0.3})  # 0.9 x 0.7 + 0.1 x 0.3 = 0.66
+    assert served is not None and served.verdict.accepted
+    assert ruled(None) is not None  # an entry stored before the head: the alias's reading alone, as before
+
 
 
 def negation_facts(question: str, cached: str, *, within: bool, cached_intent: str = "data_plan",

@@ -512,7 +512,8 @@ class IntentMatch(Rule):
     name = "intent match"
     reasons = (INTENT_MATCH, INTENT_PROBATION, INTENT_UNCHECKED, WRONG_BEFORE)
     reads = ("the head's reading of the asked question; the document's `intent`, `intent_confidence`, `intent_refuted` "
-             "(and its entry's, and the entry's `intent_checked` where its `intent` is the document's); the pool's `intent_*:<bin>`, `intent_*_of:<intent>` "
+             "(and its entry's, and the entry's `intent_checked` where its `intent` is the document's); "
+             "the pool's `intent_*:<bin>`, `intent_*_of:<intent>` "
              "and `intent_probation_*_of:<intent>`, and for a head loaded without a probation threshold its "
              "`intent_trial_*:<hundredth>`")
     counts = ("`intent_ok:<bin>`/`intent_wrong:<bin>` and `intent_ok_of:<intent>`/`intent_wrong_of:<intent>` when "
@@ -711,12 +712,13 @@ class EntryRecord(Rule):
     at scores no higher than the candidate's, no other answer is within ``entry_margin``, and the
     entry was never wrong near this similarity; with a team's head reading the asked question as
     one of the team's topics, the head gives the pair at least an even chance of one shared
-    intent (:data:`ENTRY_RECORD_SHARED_CHANCE`)."""
+    intent (:data:`ENTRY_RECORD_SHARED_CHANCE`), and for an alias the asked question and the
+    entry's too."""
 
     name = "entry record"
     reasons = (ENTRY_RECORD, ABOVE_BAND)
     reads = ("the entry's `confirmed:<bin>` and `wrong_above` (one HMGET); with a head, its chance that the two "
-             "share an intent (the document's `intent_likely`)")
+             "share an intent (the document's `intent_likely`, and for an alias its entry's)")
     counts = "`record_ok:<bin>`/`record_wrong:<bin>` when explored (in the prior's zone only), never the pool's bins"
 
     def __init__(self, redis: Redis, prior_zone: PriorZone) -> None:
@@ -729,10 +731,20 @@ class EntryRecord(Rule):
         if policy.entry_confirmations <= 0 or facts.score < policy.entry_floor or margin < policy.entry_margin:
             return None
         guess, likely = facts.asked_intent, facts.cached_likely
-        if guess is not None and guess.in_domain and likely is not None \
-                and guess.shared_chance(likely) < ENTRY_RECORD_SHARED_CHANCE:
+        # The head's word counts where it reads the asked question as one of the team's topics.
+        judge = guess if guess is not None and guess.in_domain and likely is not None else None
+        if judge is not None and likely is not None and judge.shared_chance(likely) < ENTRY_RECORD_SHARED_CHANCE:
             return None  # the head doubts the pair: the rules after this one decide
-        values = await self._redis.hmget(facts.root, entry_record_fields(policy.threshold, facts.score_bin))
+        fields = entry_record_fields(policy.threshold, facts.score_bin)
+        # An alias's entry: the question whose answer the record confirmed is the entry's too (an
+        # alias the head misreads, "thanks, bye" under `goodbye`'s answer, does not lend it its reading).
+        entry_too = judge is not None and not facts.is_entry
+        values = await self._redis.hmget(facts.root, [*fields, FIELD_INTENT_LIKELY] if entry_too else fields)
+        if judge is not None and entry_too:
+            entry_likely = likely_from(values[-1])
+            values = values[:-1]
+            if entry_likely is not None and judge.shared_chance(entry_likely) < ENTRY_RECORD_SHARED_CHANCE:
+                return None
         if not entry_vouches(values, facts.similarity, policy):
             return None
         # In the prior's zone the serve is reported, and explored, as the prior's.
