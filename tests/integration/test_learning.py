@@ -281,29 +281,55 @@ def test_a_check_marks_the_entry_only_when_its_question_is_read_as_the_checked_i
     from app.cache.learning.observations import ObservationWriter
 
     entry, twin, same = "{check}:entry", "{check}:twin", "{check}:same"
-    redis_sync.hset(entry, mapping={"intent": "goodbye", "question": "it was great talking to you"})
+    expires = int(time.time()) + 3600
+    redis_sync.hset(entry, mapping={"intent": "goodbye", "question": "it was great talking to you", "root": entry,
+                                    "answer": "Goodbye!", "expires_at": expires})
     redis_sync.hset(twin, mapping={"intent": "thank_you", "question": "thanks, bye", "root": entry})
     redis_sync.hset(same, mapping={"intent": "goodbye", "question": "bye for now", "root": entry})
 
-    async def mark(document: str, *, right: bool) -> None:
+    def client() -> Any:
         if redis_url.startswith("redis+cluster://"):
             from redis.asyncio.cluster import RedisCluster
 
             host, port = redis_url.removeprefix("redis+cluster://").split(",")[0].split(":")
-            client: Any = RedisCluster(host=host, port=int(port))
-        else:
-            from redis.asyncio import Redis as AsyncRedis
+            return RedisCluster(host=host, port=int(port))
+        from redis.asyncio import Redis as AsyncRedis
 
-            client = AsyncRedis.from_url(redis_url)
+        return AsyncRedis.from_url(redis_url)
+
+    async def mark(document: str, *, right: bool) -> None:
+        redis_client = client()
         try:
-            await ObservationWriter(client).mark_intent(document, entry, right=right)
+            await ObservationWriter(redis_client).mark_intent(document, entry, right=right)
         finally:
-            await client.aclose()
+            await redis_client.aclose()
+
+    async def approve(document: str, asked_document: str) -> bool:
+        """A reviewer approves the pair of a check that disagreed (the console's review queue)."""
+        from app.cache.decision.verify import CHECK_DISAGREED
+        from app.cache.learning.learner import AnswerLearner
+        from app.cache.learning.review import ReviewItem
+        from app.policy import AdaptiveSemantic
+
+        redis_client = client()
+        try:
+            item = ReviewItem(id="x", tenant="default", category="faq", asked="i am grateful for the help",
+                              asked_document=asked_document, asked_answer="You're welcome!", cached="thanks, bye",
+                              document=document, root=entry, cached_answer="Goodbye!", similarity=0.7, score_bin=70,
+                              reason=CHECK_DISAGREED)
+            learner = AnswerLearner(redis_client, embedder=None, analyzer=None)  # type: ignore[arg-type]
+            return await learner.settle_review("v1", item, True, AdaptiveSemantic(error_bound=0.01, max_aliases=8))
+        finally:
+            await redis_client.aclose()
 
     asyncio.run(mark(twin, right=False))
     assert redis_sync.hget(twin, "intent_refuted") == b"1"
     assert redis_sync.hget(entry, "intent_refuted") is None  # `goodbye`'s askers keep their answer
-    asyncio.run(mark(twin, right=True))
-    assert redis_sync.hget(twin, "intent_checked") == b"1" and redis_sync.hget(entry, "intent_checked") is None
+    # A reviewer's approval of that check marks as a check does: the alias, not its entry.
+    asked = "{check}:asked"
+    redis_sync.hset(asked, mapping={"question": "i am grateful for the help", "intent": "thank_you"})
+    assert asyncio.run(approve(twin, asked))
+    assert redis_sync.hget(twin, "intent_checked") == b"1" and redis_sync.hget(twin, "intent_refuted") is None
+    assert redis_sync.hget(entry, "intent_checked") is None
     asyncio.run(mark(same, right=True))
     assert redis_sync.hget(same, "intent_checked") == b"1" and redis_sync.hget(entry, "intent_checked") == b"1"

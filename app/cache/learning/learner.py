@@ -39,6 +39,7 @@ from app.cache.storage.keys import (
     FIELD_ALIASES,
     FIELD_ANSWER,
     FIELD_EXPIRES_AT,
+    FIELD_INTENT,
     FIELD_INTENT_CHECKED,
     FIELD_INTENT_REFUTED,
     FIELD_ROOT,
@@ -72,16 +73,19 @@ logger = logging.getLogger("strata.learning")
 # at one score bin, and lifts the veto the pair's own differing answer set (``wrong_above`` at
 # exactly the pair's similarity, on the entry and the matched document): the reviewer read both
 # questions, the answer comparison did not. A veto set by any other observation stays. Approving a
-# served intent hit whose check disagreed also marks both checked, no more refuted: the reviewer
-# says the cached answer is its intent's.
+# served intent hit whose check disagreed also marks the document checked, no more refuted (and
+# its entry, where the head read both questions as one intent, as a check marks them): the
+# reviewer says the cached answer is its intent's.
 # KEYS: entry, matched document. ARGV: field (confirmed:<bin>), count, the pair's similarity
 # (milli), 1 for a check's pair.
 _APPROVE = f"""
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('HINCRBY', KEYS[1], ARGV[1], ARGV[2])
-for _, key in ipairs(KEYS) do
+local reading = redis.call('HGET', KEYS[2], '{FIELD_INTENT}')
+for i, key in ipairs(KEYS) do
   if redis.call('HGET', key, '{FIELD_WRONG_ABOVE}') == ARGV[3] then redis.call('HDEL', key, '{FIELD_WRONG_ABOVE}') end
-  if ARGV[4] == '1' and redis.call('EXISTS', key) == 1 then
+  if ARGV[4] == '1' and redis.call('EXISTS', key) == 1
+      and (i == 2 or key == KEYS[2] or redis.call('HGET', key, '{FIELD_INTENT}') == reading) then
     redis.call('HDEL', key, '{FIELD_INTENT_REFUTED}')
     redis.call('HSET', key, '{FIELD_INTENT_CHECKED}', 1)
   end
