@@ -91,7 +91,7 @@ class AdaptiveSemantic(_Semantic, frozen=True, kw_only=True, forbid_unknown_fiel
     judge: Literal["off", "async"] = "off"
     # The team's intents: the first hit the intent rule serves from an entry of the model's answers
     # is checked after the response (the model is asked the same question, off the request path,
-    # once per entry): an answer wrong for its intent is refuted at its first asker, where it would
+    # once per entry and intent read): an answer wrong for its intent is refuted at its first asker, where it would
     # otherwise reach every later asker of that intent until exploration met it (docs/QUALITY.md).
     intent_first_check: bool = False
     # The second serve of one pair (a question, a document of the model's answer) on a worker is

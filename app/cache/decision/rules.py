@@ -569,7 +569,8 @@ class IntentMatch(Rule):
         if unchecked and facts.policy.intent_trusted_only:
             # Not trusted yet: the model answers this asker, and its answer checks the entry.
             return Ruling(verdict=Verdict(False, INTENT_UNCHECKED), check_after=True)
-        # Served now; the model is asked the same question off the request path (once per entry).
+        # Served now; the model is asked the same question off the request path (once per entry and
+        # intent: an alias read as another intent than its entry's question is checked for itself).
         return serve(INTENT_MATCH, VOUCH_INTENT, check_after=unchecked)
 
 
