@@ -29,7 +29,7 @@ from redis.asyncio import Redis
 
 from app.cache.decision.stats import VOUCH_KINDS
 from app.cache.decision.verify import CHECK_DISAGREED, Confirm, PairAnalyzer
-from app.cache.learning.observations import Observation, ObservationWriter
+from app.cache.learning.observations import SPEAKS_FOR, Observation, ObservationWriter
 from app.cache.learning.review import ReviewItem, ReviewQueue, item_id
 from app.cache.readers.base import ReadPair
 from app.cache.readers.judge import JUDGE_FAILED
@@ -39,7 +39,6 @@ from app.cache.storage.keys import (
     FIELD_ALIASES,
     FIELD_ANSWER,
     FIELD_EXPIRES_AT,
-    FIELD_INTENT,
     FIELD_INTENT_CHECKED,
     FIELD_INTENT_REFUTED,
     FIELD_ROOT,
@@ -74,18 +73,16 @@ logger = logging.getLogger("strata.learning")
 # exactly the pair's similarity, on the entry and the matched document): the reviewer read both
 # questions, the answer comparison did not. A veto set by any other observation stays. Approving a
 # served intent hit whose check disagreed also marks the document checked, no more refuted (and
-# its entry, where the head read both questions as one intent, as a check marks them): the
+# its entry where the check speaks for it, as a check marks them: ``SPEAKS_FOR``): the
 # reviewer says the cached answer is its intent's.
 # KEYS: entry, matched document. ARGV: field (confirmed:<bin>), count, the pair's similarity
 # (milli), 1 for a check's pair.
-_APPROVE = f"""
+_APPROVE = SPEAKS_FOR + f"""
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('HINCRBY', KEYS[1], ARGV[1], ARGV[2])
-local reading = redis.call('HGET', KEYS[2], '{FIELD_INTENT}')
-for i, key in ipairs(KEYS) do
+for _, key in ipairs(KEYS) do
   if redis.call('HGET', key, '{FIELD_WRONG_ABOVE}') == ARGV[3] then redis.call('HDEL', key, '{FIELD_WRONG_ABOVE}') end
-  if ARGV[4] == '1' and redis.call('EXISTS', key) == 1
-      and (i == 2 or key == KEYS[2] or redis.call('HGET', key, '{FIELD_INTENT}') == reading) then
+  if ARGV[4] == '1' and redis.call('EXISTS', key) == 1 and speaks_for(key, KEYS[2]) then
     redis.call('HDEL', key, '{FIELD_INTENT_REFUTED}')
     redis.call('HSET', key, '{FIELD_INTENT_CHECKED}', 1)
   end

@@ -113,19 +113,24 @@ return 1
 """
 
 
-# KEYS: the document, its entry. ARGV: the field to set (1): whether the model's answer to a
-# question the intent rule would serve from the document agreed with theirs. The check was of the
-# document's intent (the rule serves only a question read as it): the entry is marked too only
-# when the head read its question as the same intent. An alias read as a twin of the entry's
-# intent ("thanks, bye" stored under `goodbye`'s answer, read as `thank_you`) is checked for
-# itself, and its wrong check does not refute the entry for its own askers.
-_MARK_INTENT = f"""
-local reading = redis.call('HGET', KEYS[1], '{FIELD_INTENT}')
-for i, key in ipairs(KEYS) do
-  if redis.call('EXISTS', key) == 1 and (i == 1 or key == KEYS[1]
-      or redis.call('HGET', key, '{FIELD_INTENT}') == reading) then
-    redis.call('HSET', key, ARGV[1], 1)
-  end
+# Lua: whether a check of the intent rule's hit from document ``doc`` speaks for ``key`` (the
+# document or its entry). The check was of the document's intent (the rule serves only a question
+# read as it): it speaks for the entry only when the head read the entry's question as the same
+# intent. An alias read as a twin of the entry's intent ("thanks, bye" stored under `goodbye`'s
+# answer, read as `thank_you`) is checked for itself, and its wrong check does not refute the
+# entry for its own askers. The mark and a reviewer's approval both ask it.
+SPEAKS_FOR = f"""
+local function speaks_for(key, doc)
+  return key == doc or redis.call('HGET', key, '{FIELD_INTENT}') == redis.call('HGET', doc, '{FIELD_INTENT}')
+end
+"""
+
+# KEYS: the document, its entry. ARGV: the field to set (1) on each that exists and the check
+# speaks for: whether the model's answer to a question the intent rule would serve from the
+# document agreed with theirs.
+_MARK_INTENT = SPEAKS_FOR + """
+for _, key in ipairs(KEYS) do
+  if redis.call('EXISTS', key) == 1 and speaks_for(key, KEYS[1]) then redis.call('HSET', key, ARGV[1], 1) end
 end
 return 1
 """
