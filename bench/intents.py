@@ -297,6 +297,7 @@ def static_ceiling(team: Path, stream: Path, threshold: float, reach: float | No
     best = max(within, key=lambda r: r["captured"], default={"captured": 0.0, "served": 0, "wrong": 0, "level": 1.0})
     return {**at, "guarded_captured": guarded["captured"], "guarded_wrong": guarded["wrong"] / max(1, guarded["served"]),
             "kept_captured": kept["captured"], "kept_wrong": kept["wrong"] / max(1, kept["served"]),
+            "kept_right_at": kept["right_at"],
             "best_captured": best["captured"], "best_level": best["level"],
             "best_wrong": best["wrong"] / max(1, best["served"])}
 
@@ -431,11 +432,13 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
             if ceiling:
                 losses[f"{arm} s{seed}"] = lost(report, stream, ceiling["right_at"])
+                losses[f"{arm} s{seed} kept"] = lost(report, stream, ceiling["kept_right_at"])
     for arm, where in losses.items():  # item 0: where the pipeline loses what its head reads
         parts: dict[str, int] = {}
         for why, n in where:
             parts[coarse(why)] = parts.get(coarse(why), 0) + n
-        print(f"\n{arm}: of the static head's right hits at its serving confidence, the pipeline lost "
+        of = "with the guards and the out-of-scope check " if arm.endswith(" kept") else ""
+        print(f"\n{arm}: of the static head's right hits at its serving confidence {of}the pipeline lost "
               f"{sum(n for _, n in where)}: " + ", ".join(f"{why} {n}" for why, n in sorted(parts.items(), key=lambda t: -t[1])))
         (out / f"{arm.replace(' ', '-')}-lost.txt").write_text("\n".join(f"{n} {why}" for why, n in where), encoding="utf-8")
     return 0
