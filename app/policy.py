@@ -110,6 +110,14 @@ class AdaptiveSemantic(_Semantic, frozen=True, kw_only=True, forbid_unknown_fiel
     # of no intent of the team's read confidently as one were most of the wrong hits (CLINC150:
     # 8 of 18 below 0.45, where 94% of the hits were right against 99.4% above; docs/INTENTS.md).
     intent_beyond_floor: Annotated[float, Meta(ge=-1.0, le=1.0)] = 0.45
+    # On probation the rule also looks from this similarity up to ``intent_beyond_floor`` ("far"):
+    # a small file's few cached questions of an intent are often that far from its paraphrases
+    # (the Chinese telecom file on USE: "出国一周买什么流量包合适" and the one cached question of its
+    # intent at 0.22). Far hits are served only on probation and checked, and counted on a record
+    # of their own (``intent_far_ok``/``intent_far_wrong``) that stops them once it shows more
+    # than the bound: how often they are right differs by file and reader (docs/INTENTS.md).
+    # At ``intent_beyond_floor`` or above: none.
+    intent_far_floor: Annotated[float, Meta(ge=-1.0, le=1.0)] = 0.2
     # The intent rule is calibrated at this share of ``error_bound``: the team's phrasings are not
     # its traffic, and the traffic is read less well than the file's own held-out phrasings
     # (CLINC150's bank domain with all-MiniLM-L6-v2: 0.47% wrong held out, 0.96-1.29% on the
@@ -128,6 +136,11 @@ class AdaptiveSemantic(_Semantic, frozen=True, kw_only=True, forbid_unknown_fiel
     # model call per such entry (CLINC150's whole file: about 0.07 of reach for 1-5 fewer wrong
     # hits a stream; docs/INTENTS.md).
     intent_out_of_scope_check: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.intent_far_floor > self.intent_beyond_floor:
+            raise ValueError("semantic.intent_far_floor must be <= semantic.intent_beyond_floor")
 
     @property
     def adaptive(self) -> bool:

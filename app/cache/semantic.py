@@ -19,7 +19,7 @@ from redisvl.index import AsyncSearchIndex
 from app import tracing
 from app.cache.decision.adaptive import AdaptiveDecision, Serve
 from app.cache.decision.candidates import answer_bytes, check_row, root_of, source_of
-from app.cache.decision.rules import BAND_ROWS
+from app.cache.decision.rules import BAND_ROWS, near_floor
 from app.cache.decision.stats import PooledObservations, milli, score_bin
 from app.cache.decision.verify import WRONG_BEFORE, CandidateCheck, ThresholdVerifier
 from app.cache.learning.intents import OF_INTENT
@@ -164,7 +164,10 @@ class SemanticCache:
                     and (guess.beyond_band or on_probation) and not any(
                     row.similarity >= policy.threshold and as_text(row.fields.get(FIELD_INTENT)) == guess.intent
                     and float(as_text(row.fields.get(FIELD_INTENT_CONFIDENCE)) or 0.0) >= guess.lowest for row in rows):
-                floor = guess.beyond_floor if guess.beyond_band else policy.intent_beyond_floor
+                # On probation from further out: the rule serves those far pairs only on
+                # probation, on a record of their own (rules.near_floor, rules.far_watch).
+                floor = min(near_floor(policy, guess), policy.intent_far_floor) if on_probation \
+                    else near_floor(policy, guess)
                 beyond = [row for row in await self.store_index.candidates_of_intent(query, vector, guess.intent, OF_INTENT)
                           if row.similarity >= floor]
             with tracing.span(tracing.DECIDE) as step:

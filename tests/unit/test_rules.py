@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import msgspec
 import numpy as np
+import pytest
 
 from app.cache.decision.adaptive import AdaptiveDecision
 from app.cache.decision.rules import (
@@ -239,7 +240,7 @@ def test_an_alias_counts_its_entrys_check_only_where_both_are_read_as_one_intent
 def small_file_facts(trial: tuple[int, int], confidence: float = 0.95, cached_confidence: float = 0.95,
                      record: dict[str, int] | None = None, probation: float = 1.01, threshold: float = 1.01,
                      source: str = SOURCE_MODEL, checked: bool = False, stand_in_reach: float = 0.0,
-                     policy: AdaptiveSemantic | None = None) -> Facts:
+                     policy: AdaptiveSemantic | None = None, similarity: float = 0.7) -> Facts:
     counts = PooledCounts(record or {"intent_trial_ok:95": trial[0], "intent_trial_wrong:95": trial[1]})
 
     async def read() -> PooledCounts:
@@ -248,7 +249,7 @@ def small_file_facts(trial: tuple[int, int], confidence: float = 0.95, cached_co
     guess = IntentGuess(intent="refund", confidence=confidence, confident=confidence >= threshold, shared=True,
                         threshold=threshold, likely={"refund": confidence}, probation=probation,
                         stand_in_reach=stand_in_reach)
-    row = Nearest("doc", 0.7, {FIELD_QUESTION: "i want my money back", FIELD_INTENT: "refund",
+    row = Nearest("doc", similarity, {FIELD_QUESTION: "i want my money back", FIELD_INTENT: "refund",
                                FIELD_INTENT_CONFIDENCE: str(cached_confidence), FIELD_SOURCE: source,
                                **({FIELD_INTENT_CHECKED: "1"} if checked else {})})
     # What the rules read of the query: its category's policy.
@@ -346,6 +347,41 @@ def test_probation_stops_an_intent_whose_checks_show_more_than_the_bound_and_thi
     assert thinned is not None and thinned.verdict.accepted and not thinned.check_after
     sampled = run(small_file_facts((0, 0), probation=0.9, record=clean), draw=0.05)
     assert sampled is not None and sampled.check_after and sampled.probation
+
+
+def test_a_far_pair_is_served_only_on_probation_checked_and_on_a_record_of_its_own() -> None:
+    """A cached question further from the asked one than the near floor (0.45; the telecom file's
+    paraphrases sit at 0.2-0.45 from the one cached question of their intent) is served only on
+    probation, checked, from a model's answer; its check counts on the far record alone, whose two
+    wrong of the first dozen stop far pairs while near ones go on."""
+    def run(facts: Facts, draw: float = 0.5) -> Ruling | None:
+        return asyncio.run(IntentMatch(EntryVeto(NoRedis()), lambda: draw)(facts))  # type: ignore[arg-type]
+
+    far = run(small_file_facts((0, 0), probation=0.9, similarity=0.3))
+    assert far is not None and far.verdict.reason == INTENT_PROBATION and far.check_after and far.probation and far.far
+    near = run(small_file_facts((0, 0), probation=0.9))
+    assert near is not None and near.probation and not near.far
+    # At a certified confidence too: far is on probation, never an unchecked match.
+    certified = run(small_file_facts((0, 0), probation=0.9, threshold=0.94, similarity=0.3))
+    assert certified is not None and certified.verdict.reason == INTENT_PROBATION and certified.far
+    # Never unchecked: not a team's answer (the model does not judge it), not without probation.
+    assert run(small_file_facts((0, 0), probation=0.9, cached_confidence=1.0, source=SOURCE_FAQ, similarity=0.3)) is None
+    assert run(small_file_facts((0, 0), threshold=0.94, similarity=0.3)) is None
+    assert run(small_file_facts((0, 0), probation=0.9, similarity=0.3,
+                                policy=AdaptiveSemantic(error_bound=0.01, intent_probation=False))) is None
+    # The far record shows more than the bound: far pairs stop, near ones are served.
+    wrong_far = {"intent_far_wrong": 2, "intent_far_ok": 8, "intent_probation_ok_of:refund": 10}
+    assert run(small_file_facts((0, 0), probation=0.9, similarity=0.3, record=wrong_far)) is None
+    assert run(small_file_facts((0, 0), probation=0.9, record=wrong_far)) is not None
+    # A clean probation record does not thin a far pair's checks; a certified far record does.
+    clean = {"intent_probation_ok_of:refund": 400}
+    unthinned = run(small_file_facts((0, 0), probation=0.9, similarity=0.3, record=clean))
+    assert unthinned is not None and unthinned.check_after and unthinned.far
+    thinned = run(small_file_facts((0, 0), probation=0.9, similarity=0.3, record={**clean, "intent_far_ok": 400}))
+    assert thinned is not None and thinned.verdict.accepted and not thinned.check_after and not thinned.far
+    # The category's far floor may not sit above its near one.
+    with pytest.raises(ValueError, match="intent_far_floor"):
+        AdaptiveSemantic(error_bound=0.01, intent_beyond_floor=0.45, intent_far_floor=0.5)
 
 
 def test_the_probation_tests_hold_their_risk_however_often_they_are_read() -> None:

@@ -252,7 +252,7 @@ class AdaptiveDecision:
             refused="" if verdict.accepted else verdict.reason,
             intent=facts.asked_intent.intent if (ruling.vouched == VOUCH_INTENT or ruling.probation)
             and facts.asked_intent else "",
-            trial_bin=ruling.trial_bin, probation=ruling.probation, probation_bin=ruling.probation_bin)
+            trial_bin=ruling.trial_bin, probation=ruling.probation, probation_bin=ruling.probation_bin, far=ruling.far)
         if self._explore.explored(ruling, candidate.source, policy):
             return msgspec.structs.replace(candidate, explored=True)
         if verdict.accepted:

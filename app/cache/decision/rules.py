@@ -108,6 +108,8 @@ class Ruling(msgspec.Struct, frozen=True, kw_only=True):
         probation: Served by the intent rule on probation and checked: the model's answer,
             asked after the response, counts on the intent's probation record.
         probation_bin: That hit's lower confidence, in hundredths: its check counts there too.
+        far: That hit was served from a cached question further than the near floor
+            (:func:`near_floor`): its check counts on the far record alone (:func:`far_watch`).
         intent_may_serve: A guard's refusal the intent rule may overrule, and only it, on a
             pair the team's head reads as one intent (:func:`intent_may_overrule`). The decision
             serves the intent rule's hit, else sets the row aside as the guard said.
@@ -121,6 +123,7 @@ class Ruling(msgspec.Struct, frozen=True, kw_only=True):
     trial_bin: int = -1
     probation: bool = False
     probation_bin: int = -1
+    far: bool = False
     intent_may_serve: bool = False
 
 
@@ -475,6 +478,37 @@ async def serving_threshold(facts: Facts, guess: IntentGuess) -> float | None:
     return trial_threshold(await facts.counts(), facts.policy)
 
 
+def near_floor(policy: AdaptiveSemantic, guess: IntentGuess) -> float:
+    """The similarity from which the intent rule serves a cached question beyond the band as the
+    head was calibrated to (a head on a second embedder: its load's floor; else the category's
+    ``intent_beyond_floor``). Below it, down to ``intent_far_floor``, a pair is "far": served only on
+    probation, checked, and on a record of its own (:func:`far_watch`)."""
+    return guess.beyond_floor if guess.beyond_band else policy.intent_beyond_floor
+
+
+class FarWatch(msgspec.Struct, frozen=True, kw_only=True):
+    """What the far record says (anytime-valid, as the probation record).
+
+    Attributes:
+        serves: The record does not show more than the category's bound: far pairs are served.
+        certified: It certifies the bound: their checks thin to ``intent_check_sample``.
+    """
+
+    serves: bool = True
+    certified: bool = False
+
+
+def far_watch(counts: PooledCounts, policy: AdaptiveSemantic) -> FarWatch:
+    """The far record under watch: the intent rule's probation hits served from beyond the near
+    floor, each checked, stop once :func:`evidence_above` the category's bound reaches ``1 / delta``
+    (two wrong of the first dozen), and certify it at :func:`evidence_within` ``1 / delta``."""
+    right, wrong = counts.far
+    delta = risk_level(policy.confidence, policy.intent_confidence)
+    serves = evidence_above(wrong, right + wrong, policy.error_bound) < 1 / delta
+    return FarWatch(serves=serves,
+                    certified=serves and evidence_within(wrong, right + wrong, policy.error_bound) >= 1 / delta)
+
+
 def check_after_serving(facts: Facts, standing: IntentStanding) -> bool:
     """Whether the intent rule's serve is checked against the model after the response: its
     first from an entry of the model's answers never checked (``intent_first_check``)."""
@@ -507,20 +541,25 @@ class IntentMatch(Rule):
     rule from a confidence down where the checks at or above it show it
     (:func:`probation_level_serves`); once the record certifies the bound, checks thin to
     ``intent_check_sample``. The cached side counts at full confidence where evidence says
-    which intent it stands for (:attr:`Facts.cached_standing`)."""
+    which intent it stands for (:attr:`Facts.cached_standing`). A cached question of a model's
+    answer further from the asked one than the calibrated floor (:func:`near_floor`; found from
+    ``intent_far_floor`` on probation) serves only on probation, its check counted on the far
+    record alone, which stops far serves once it shows more than the bound (:func:`far_watch`)."""
 
     name = "intent match"
     reasons = (INTENT_MATCH, INTENT_PROBATION, INTENT_UNCHECKED, WRONG_BEFORE)
     reads = ("the head's reading of the asked question; the document's `intent`, `intent_confidence`, `intent_refuted` "
              "(and its entry's, and the entry's `intent_checked` where its `intent` is the document's); "
              "the pool's `intent_*:<bin>`, `intent_*_of:<intent>` "
-             "and `intent_probation_*_of:<intent>`, and for a head loaded without a probation threshold its "
+             "and `intent_probation_*_of:<intent>`, `intent_far_*` for a pair further apart than `intent_beyond_floor`, "
+             "and for a head loaded without a probation threshold its "
              "`intent_trial_*:<hundredth>`")
     counts = ("`intent_ok:<bin>`/`intent_wrong:<bin>` and `intent_ok_of:<intent>`/`intent_wrong_of:<intent>` when "
               "explored or marked wrong, never the pool's bins; a wrong marks the document and its entry `intent_refuted`, "
               "a right one `intent_checked` (also the model's answer to an entry's first hit, asked after the response; "
               "a check marks the entry only where the head read its question as the document's intent); "
-              "a checked probation hit `intent_probation_ok_of:<intent>`/`intent_probation_wrong_of:<intent>`")
+              "a checked probation hit `intent_probation_ok_of:<intent>`/`intent_probation_wrong_of:<intent>`, "
+              "one from further apart than `intent_beyond_floor` `intent_far_ok`/`intent_far_wrong` alone")
 
     def __init__(self, entry_veto: EntryVeto, draw: Callable[[], float]) -> None:
         self._entry_veto = entry_veto
@@ -535,7 +574,12 @@ class IntentMatch(Rule):
                                   min(guess.lowest, TRIAL_CONFIDENCE)):
             return None  # below what it could serve at, calibrated, on probation or on trial: no pool read
         sure = min(guess.confidence, cached_confidence)
-        on_probation = sure < guess.threshold
+        # Far from the asked question: served only on probation, checked, from a model's answer.
+        far = facts.similarity < near_floor(facts.policy, guess)
+        if far and (sure < guess.probation or not facts.policy.intent_probation
+                    or source_of(facts.row) != SOURCE_MODEL):
+            return None
+        on_probation = sure < guess.threshold or far
         if on_probation and (sure < guess.probation or not facts.policy.intent_probation):
             threshold = await serving_threshold(facts, guess)  # a head loaded before probation: its trial
             if threshold is None or sure < threshold:
@@ -544,6 +588,9 @@ class IntentMatch(Rule):
         counts = await facts.counts()
         # The tenant's measured intent hits: the calibration stands, for this intent and overall.
         if not intents_refuted(counts, facts.policy).serves(guess.intent):
+            return None
+        far_record = far_watch(counts, facts.policy) if far else None
+        if far_record is not None and not far_record.serves:
             return None
         watch = probation_watch(counts, facts.policy) if on_probation else None
         confidence_bin = min(99, math.floor(sure * 100))
@@ -561,10 +608,11 @@ class IntentMatch(Rule):
             return Ruling(verdict=Verdict(False, INTENT_UNCHECKED), check_after=True)
         if watch is not None:
             # A team's answer is not judged by the model's: its record is the askers' feedback.
+            certified = watch.certified if far_record is None else far_record.certified
             checked = source_of(facts.row) == SOURCE_MODEL and (
-                not watch.certified or self._draw() < facts.policy.intent_check_sample)
+                not certified or self._draw() < facts.policy.intent_check_sample)
             return Ruling(verdict=Verdict(True, INTENT_PROBATION), check_after=checked, probation=checked,
-                          probation_bin=confidence_bin)
+                          probation_bin=confidence_bin, far=far and checked)
         unchecked = check_after_serving(facts, standing)
         if unchecked and facts.policy.intent_trusted_only:
             # Not trusted yet: the model answers this asker, and its answer checks the entry.

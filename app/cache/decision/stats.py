@@ -21,6 +21,8 @@ from app.cache.storage.keys import (
     OBS_CONFIRMED,
     OBS_EXPLORED_OK,
     OBS_EXPLORED_WRONG,
+    OBS_INTENT_FAR_OK,
+    OBS_INTENT_FAR_WRONG,
     OBS_INTENT_OK,
     OBS_INTENT_OK_OF,
     OBS_INTENT_PROBATION_OK,
@@ -226,6 +228,8 @@ class PooledCounts:
         # A reader's no, every bin.
         self.reader_no_ok = int(self._suffix[OBS_READER_NO_OK][0])
         self.reader_no_wrong = int(self._suffix[OBS_READER_NO_WRONG][0])
+        # The probation hits served from beyond ``intent_beyond_floor``, checked: (right, wrong).
+        self.far = (fields.get(OBS_INTENT_FAR_OK, 0), fields.get(OBS_INTENT_FAR_WRONG, 0))
 
     def at_or_above(self, bin_: int) -> tuple[int, int]:
         """(wrong, total) of the observations at this score bin or higher."""

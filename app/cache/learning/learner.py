@@ -47,6 +47,8 @@ from app.cache.storage.keys import (
     FIELD_WRONG_ABOVE,
     KEYS,
     OBS_CONFIRMED,
+    OBS_INTENT_FAR_OK,
+    OBS_INTENT_FAR_WRONG,
     OBS_INTENT_PROBATION_OK,
     OBS_INTENT_PROBATION_WRONG,
     OBS_INTENT_TRIAL_OK,
@@ -338,6 +340,9 @@ class AnswerLearner:
         """The pool fields this answered candidate measures: the rule that vouched for it, and
         the reader's verdict if it reads it now (after the response, off the request path)."""
         rules = []
+        if candidate.far:
+            # Its own record: a far pair's wrong answer stops the far serves, not the near ones.
+            return (OBS_INTENT_FAR_OK if same else OBS_INTENT_FAR_WRONG,)
         if candidate.probation:
             # Every probation hit is checked (or a drawn share of them): they are the rule's record,
             # per intent and by the pair's lower confidence.

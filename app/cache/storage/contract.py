@@ -159,6 +159,8 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
         probation: The intent rule served it on probation and asked for its check: the model's
             answer counts on the probation record of ``intent``, and of the pair's lower
             confidence (``probation_bin``, hundredths).
+        far: Served on probation from a cached question further than the near floor: the
+            model's answer counts on the far record (``intent_far_ok``/``intent_far_wrong``) alone.
     """
 
     key: str
@@ -179,6 +181,7 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
     trial_bin: int = -1
     probation: bool = False
     probation_bin: int = -1
+    far: bool = False
 
 
 class Verdict(msgspec.Struct, frozen=True):

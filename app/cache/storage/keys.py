@@ -181,6 +181,12 @@ OBS_INTENT_PROBATION_WRONG_OF = "intent_probation_wrong_of"
 # than the bound, and serves on above it.
 OBS_INTENT_PROBATION_OK = "intent_probation_ok"
 OBS_INTENT_PROBATION_WRONG = "intent_probation_wrong"
+# ``intent_far_ok`` / ``intent_far_wrong``: the probation hits served from a cached question further
+# from the asked one than ``intent_beyond_floor`` (down to ``intent_far_floor``), checked by the
+# model; counted here alone, so that a far pair's wrong answer stops the far serves, not its
+# intent's or its confidence's near ones.
+OBS_INTENT_FAR_OK = "intent_far_ok"
+OBS_INTENT_FAR_WRONG = "intent_far_wrong"
 # The rules whose verdicts are counted so (a candidate's ``vouched``).
 VOUCH_RECORD = "record"
 VOUCH_READER = "reader"
