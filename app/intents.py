@@ -24,7 +24,7 @@ import yaml
 from redisvl.query import FilterQuery
 from redisvl.query.filter import Tag
 
-from app.cache.decision.rules import intent_may_overrule
+from app.cache.decision.rules import far_words, intent_may_overrule
 from app.cache.decision.stats import clean_checks_to_certify, risk_level
 from app.cache.decision.verify import NEGATION_DIFFERS
 from app.cache.learning.intents import Calibration, SoftmaxHead, calibrate, why_it_serves_nothing
@@ -405,7 +405,8 @@ def probation_words(calibration: Calibration, probation: float, policy: Adaptive
             f"show it; after {checks} "
             f"clean checks the record certifies the bound and checks thin to {policy.intent_check_sample:.0%} of the "
             f"hits. A team's own answer is not checked by the model: a user's \"wrong\" (/v1/feedback) counts "
-            f"against its intent")
+            f"against its intent{far_words(policy)}")
+
 
 
 def guard_words(calibration: Calibration) -> str:

@@ -35,7 +35,14 @@ from litestar.template.config import TemplateConfig
 from redis.asyncio import Redis
 
 from app.auth import DEFAULT_TENANT, KEY_PREFIX
-from app.cache.decision.rules import TRIAL_CONFIDENCE, intents_refuted, probation_watch, trial_threshold
+from app.cache.decision.rules import (
+    TRIAL_CONFIDENCE,
+    far_watch,
+    far_words,
+    intents_refuted,
+    probation_watch,
+    trial_threshold,
+)
 from app.cache.decision.stats import PooledCounts, clean_checks_to_certify, risk_level
 from app.cache.decision.verify import INTENT_MATCH, READER_ACCEPTED
 from app.cache.learning.feedback import FeedbackError, FeedbackRequest
@@ -262,7 +269,17 @@ def probation_status(meta: HeadMeta, counts: PooledCounts, policy: AdaptiveSeman
         record = (f"{counted(watch.total, 'checked hit')}, {watch.wrong} wrong; every hit of a model's answer checked "
                   f"until {clean_checks_to_certify(policy.error_bound, risk_level(policy.confidence, policy.intent_confidence))} "
                   f"clean ones certify the bound")
-    return f"{certified}; on probation from {meta.probation:.3f}: {record}{stopped}"
+    return f"{certified}; on probation from {meta.probation:.3f}: {record}{stopped}{far_status(counts, policy)}"
+
+
+def far_status(counts: PooledCounts, policy: AdaptiveSemantic) -> str:
+    """The far record in words ("" while it holds no check)."""
+    right, wrong = counts.far
+    if right + wrong == 0 or policy.intent_far_floor >= policy.intent_beyond_floor:
+        return ""
+    state = "serving" if far_watch(counts, policy).serves else "stopped (its checks showed more than the bound)"
+    return (f"; pairs further apart than similarity {policy.intent_beyond_floor:.2f}: "
+            f"{counted(right + wrong, 'checked hit')}, {wrong} wrong, {state}")
 
 
 def promise_words(meta: HeadMeta, policy: AdaptiveSemantic | None) -> str:
@@ -275,7 +292,7 @@ def promise_words(meta: HeadMeta, policy: AdaptiveSemantic | None) -> str:
     return (f"{before} Over traffic, from the record: from confidence {meta.probation:.3f} each hit of a model's answer is "
             f"checked by the model after the response, and an intent stops as soon as its checks show more than "
             f"{policy.error_bound:.0%} wrong ({1 - meta.delta:.0%} sure, valid however often read); a team's own answer "
-            f"is judged by its askers' feedback, not by the model.")
+            f"is judged by its askers' feedback, not by the model{far_words(policy)}.")
 
 
 class ConsoleController(Controller):

@@ -506,6 +506,48 @@ def test_a_small_file_serves_on_probation_from_the_first_request_checked_and_sto
     fake_upstream.reset()
 
 
+def test_a_far_paraphrase_is_served_on_probation_and_checked_on_a_record_of_its_own(
+        strata: str, redis_url: str, redis_sync: redis.Redis, fake_upstream: FakeUpstream, tmp_path: Path) -> None:
+    """Issue #62 item 0: a small file's paraphrase whose only cached question of its intent is
+    further than the near floor (USE puts "tracking info" at 0.25 from "has my parcel shipped
+    yet", the head reads both as `shipping` at 0.99 or more; the floor is 0.45) is served on
+    probation, checked by the model after the response, and its check counts on the far record
+    alone, not on its intent's; a far check that disagrees does not refute the entry for its near
+    askers."""
+    category = "learn_intents_far"
+    headers = {"X-Cache-Category": category}
+    env = {"STRATA_REDIS_URL": redis_url}
+    fake_upstream.reset()
+    shipping = "Orders leave our warehouse within two days; the tracking link is in your confirmation email."
+    fake_upstream.answers.update({"has my parcel shipped yet": shipping, "tracking info": shipping,
+                                  "courier status": "Our courier partner updates the status every evening."})
+    loaded = run_cli("intents", "load", str(team_file(tmp_path)), "--category", category, env=env)
+    assert loaded.returncode == 0, (loaded.stdout, loaded.stderr)
+    assert "is served only on probation" in loaded.stdout, loaded.stdout
+    assert eventually(lambda: [h for h in intents_on_health(strata) if h["category"] == category], timeout=15), \
+        intents_on_health(strata)
+    assert ask(strata, "has my parcel shipped yet", headers=headers).headers["x-cache"] == "miss"
+    far = ask(strata, "tracking info", headers=headers)
+    assert far.headers["x-cache"] == "semantic-hit" and far.headers["x-cache-verdict"] == "intent_probation", \
+        dict(far.headers)
+    assert 0.2 <= float(far.headers["x-cache-similarity"]) < 0.45, dict(far.headers)
+    assert far.json()["choices"][0]["message"]["content"] == shipping
+    pool = pool_key(redis_sync, category)
+    assert eventually(lambda: redis_sync.hget(pool, "intent_far_ok") == b"1"), redis_sync.hgetall(pool)
+    assert redis_sync.hget(pool, "intent_probation_ok_of:shipping") is None, redis_sync.hgetall(pool)
+    # Another far paraphrase (0.38 from the entry's question, 0.36 from "tracking info"), answered
+    # otherwise by the model: a wrong on the far record; the entry stands for its near askers.
+    other = ask(strata, "courier status", headers=headers)
+    assert other.headers.get("x-cache-verdict") == "intent_probation", dict(other.headers)
+    assert eventually(lambda: redis_sync.hget(pool, "intent_far_wrong") == b"1"), redis_sync.hgetall(pool)
+    prefix = keyspace(redis_sync, "default", category).semantic_prefix("v1")
+    entry = [k for k in redis_sync.scan_iter(match=prefix + "*")
+             if redis_sync.hget(k, "question") == b"has my parcel shipped yet"]
+    assert entry and redis_sync.hget(entry[0], "intent_refuted") is None, redis_sync.hgetall(entry[0])
+    assert run_cli("intents", "remove", "--category", category, env=env).returncode == 0
+    fake_upstream.reset()
+
+
 # A Chinese telecom team's file, in its own words: `data_plan` is asked with and without a negation
 # ("流量不够用", "月底没流量了"); the team's phrasings of the other intents never negate.
 ZH_TELECOM_TEAM = {

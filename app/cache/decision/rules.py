@@ -509,6 +509,16 @@ def far_watch(counts: PooledCounts, policy: AdaptiveSemantic) -> FarWatch:
                     certified=serves and evidence_within(wrong, right + wrong, policy.error_bound) >= 1 / delta)
 
 
+def far_words(policy: AdaptiveSemantic) -> str:
+    """The far pairs' promise in words ("" where the category looks no further than its near floor)."""
+    if policy.intent_far_floor >= policy.intent_beyond_floor:
+        return ""
+    return (f". A model's answer cached further from the asked question than similarity "
+            f"{policy.intent_beyond_floor:.2f} (from {policy.intent_far_floor:.2f}) is served only on probation, "
+            f"checked on a record of its own that stops such pairs as soon as it shows more than "
+            f"{policy.error_bound:.0%} wrong (and thins their checks once it certifies the bound)")
+
+
 def check_after_serving(facts: Facts, standing: IntentStanding) -> bool:
     """Whether the intent rule's serve is checked against the model after the response: its
     first from an entry of the model's answers never checked (``intent_first_check``)."""

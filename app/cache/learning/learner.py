@@ -280,7 +280,9 @@ class AnswerLearner:
                                        document=candidate.key, root=candidate.root, similarity=candidate.similarity,
                                        score_bin=candidate.score_bin, same=same, explored=candidate.explored,
                                        rules=rules)
-        if candidate.intent or candidate.first_check:
+        # A far pair's disagreement is the pairing's (counted on the far record, which stops far
+        # pairs), not the entry's answer for its intent: it refutes nothing its near askers get.
+        if (candidate.intent or candidate.first_check) and (same or not candidate.far):
             await self.observations.mark_intent(candidate.key, candidate.root, right=same)
         if not same and (candidate.refused or candidate.first_check) and not candidate.explored \
                 and self._review is not None and query.canonical.question is not None:
