@@ -408,7 +408,6 @@ def probation_words(calibration: Calibration, probation: float, policy: Adaptive
             f"against its intent{far_words(policy)}")
 
 
-
 def guard_words(calibration: Calibration) -> str:
     """What the head guards beyond its own rule, in plain words (the load's line)."""
     said = ""

@@ -137,11 +137,6 @@ class AdaptiveSemantic(_Semantic, frozen=True, kw_only=True, forbid_unknown_fiel
     # hits a stream; docs/INTENTS.md).
     intent_out_of_scope_check: bool = True
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.intent_far_floor > self.intent_beyond_floor:
-            raise ValueError("semantic.intent_far_floor must be <= semantic.intent_beyond_floor")
-
     @property
     def adaptive(self) -> bool:
         return True

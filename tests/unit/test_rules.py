@@ -8,7 +8,6 @@ from types import SimpleNamespace
 
 import msgspec
 import numpy as np
-import pytest
 
 from app.cache.decision.adaptive import AdaptiveDecision
 from app.cache.decision.rules import (
@@ -29,6 +28,7 @@ from app.cache.decision.rules import (
     ReaderRule,
     Rule,
     Ruling,
+    far_words,
     intent_may_overrule,
     rule_table,
     rules_for,
@@ -379,9 +379,12 @@ def test_a_far_pair_is_served_only_on_probation_checked_and_on_a_record_of_its_o
     assert unthinned is not None and unthinned.check_after and unthinned.far
     thinned = run(small_file_facts((0, 0), probation=0.9, similarity=0.3, record={**clean, "intent_far_ok": 400}))
     assert thinned is not None and thinned.verdict.accepted and not thinned.check_after and not thinned.far
-    # The category's far floor may not sit above its near one.
-    with pytest.raises(ValueError, match="intent_far_floor"):
-        AdaptiveSemantic(error_bound=0.01, intent_beyond_floor=0.45, intent_far_floor=0.5)
+    # A category whose near floor is at or below its far one (a policy looking beyond the band at
+    # any similarity, -1) has no far pairs: nothing more is said, nothing is far.
+    anywhere = AdaptiveSemantic(error_bound=0.01, intent_beyond_floor=-1.0)
+    assert far_words(anywhere) == "" and far_words(AdaptiveSemantic(error_bound=0.01)) != ""
+    assert run(small_file_facts((0, 0), probation=0.9, threshold=0.94, similarity=0.3, policy=anywhere)).verdict.reason \
+        == INTENT_MATCH  # type: ignore[union-attr]
 
 
 def test_the_probation_tests_hold_their_risk_however_often_they_are_read() -> None:
