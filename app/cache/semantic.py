@@ -166,8 +166,9 @@ class SemanticCache:
                     and float(as_text(row.fields.get(FIELD_INTENT_CONFIDENCE)) or 0.0) >= guess.lowest for row in rows):
                 # On probation from further out: the rule serves those far pairs only on
                 # probation, on a record of their own (rules.near_floor, rules.far_watch).
-                floor = min(near_floor(policy, guess), policy.intent_far_floor) if on_probation \
-                    else near_floor(policy, guess)
+                floor = near_floor(policy, guess)
+                if on_probation:
+                    floor = min(floor, policy.intent_far_floor)
                 beyond = [row for row in await self.store_index.candidates_of_intent(query, vector, guess.intent, OF_INTENT)
                           if row.similarity >= floor]
             with tracing.span(tracing.DECIDE) as step:

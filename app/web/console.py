@@ -39,6 +39,7 @@ from app.cache.decision.rules import (
     TRIAL_CONFIDENCE,
     far_watch,
     far_words,
+    has_far_pairs,
     intents_refuted,
     probation_watch,
     trial_threshold,
@@ -275,7 +276,7 @@ def probation_status(meta: HeadMeta, counts: PooledCounts, policy: AdaptiveSeman
 def far_status(counts: PooledCounts, policy: AdaptiveSemantic) -> str:
     """The far record in words ("" while it holds no check)."""
     right, wrong = counts.far
-    if right + wrong == 0 or policy.intent_far_floor >= policy.intent_beyond_floor:
+    if right + wrong == 0 or not has_far_pairs(policy):
         return ""
     state = "serving" if far_watch(counts, policy).serves else "stopped (its checks showed more than the bound)"
     return (f"; pairs further apart than similarity {policy.intent_beyond_floor:.2f}: "

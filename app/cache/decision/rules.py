@@ -509,9 +509,15 @@ def far_watch(counts: PooledCounts, policy: AdaptiveSemantic) -> FarWatch:
                     certified=serves and evidence_within(wrong, right + wrong, policy.error_bound) >= 1 / delta)
 
 
+def has_far_pairs(policy: AdaptiveSemantic) -> bool:
+    """Whether the category looks below its near floor at all (``intent_far_floor`` under
+    ``intent_beyond_floor``): what the load's line and the console say of far pairs."""
+    return policy.intent_far_floor < policy.intent_beyond_floor
+
+
 def far_words(policy: AdaptiveSemantic) -> str:
     """The far pairs' promise in words ("" where the category looks no further than its near floor)."""
-    if policy.intent_far_floor >= policy.intent_beyond_floor:
+    if not has_far_pairs(policy):
         return ""
     return (f". A model's answer cached further from the asked question than similarity "
             f"{policy.intent_beyond_floor:.2f} (from {policy.intent_far_floor:.2f}) is served only on probation, "
